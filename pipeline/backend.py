@@ -1,0 +1,114 @@
+"""The lip-sync backend seam.
+
+A backend is split in two along the line between per-session state and batchable work:
+
+* a :class:`Featurizer` is created per session. It is fed the session's 16 kHz mono audio one video-frame
+  hop at a time and returns, for every hop, the *conditioning* of one video frame (for the built-in backend
+  a few mouth parameters; for Wav2Lip an 80x16 mel window). It keeps whatever streaming state it needs
+  (noise floor, smoothing, pre-emphasis, STFT ring).
+* the backend's :meth:`LipSyncBackend.render` turns a fixed-size batch of (avatar, avatar frame index,
+  conditioning) into image patches. It holds no per-session state, so the engine can batch the frames due
+  from every session into one call.
+
+Timing contract (see :mod:`pipeline.windows`): after the n-th call to ``Featurizer.push`` (n = 1, 2, ...)
+the returned conditioning belongs to the video frame whose own audio is the hop that ends
+``lookahead_samples`` before the newest pushed sample. The streaming layer therefore delays the outgoing audio
+by exactly ``lookahead_samples`` so that each frame leaves with its own audio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.avatar import Avatar
+
+FloatArray = npt.NDArray[np.float32]
+UInt8Array = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class RenderItem:
+    """One frame to render: which avatar, which of its frames, and the audio conditioning."""
+
+    avatar: str
+    frame_index: int
+    conditioning: FloatArray
+
+
+@dataclass(frozen=True)
+class RenderedPatch:
+    """A rendered region of one output frame, RGB uint8 ``(height, width, 3)``, placed at (top, left).
+
+    The caller pastes it into a copy of the avatar frame; only the region that changed travels back from the
+    device.
+    """
+
+    pixels: UInt8Array
+    top: int
+    left: int
+
+
+@runtime_checkable
+class Featurizer(Protocol):
+    """Per-session streaming audio features: one conditioning array per pushed hop."""
+
+    @property
+    def lookahead_samples(self) -> int:
+        """Audio (16 kHz samples) needed past the end of a frame's own hop before it can be conditioned."""
+        ...
+
+    def push(self, hop: FloatArray) -> FloatArray:
+        """Feed one hop of 16 kHz mono float32 audio in [-1, 1]; return the conditioning of one frame.
+
+        ``hop`` has exactly ``samples_per_frame`` samples (640 at 25 fps).
+        """
+        ...
+
+    def is_at_rest(self, conditioning: FloatArray) -> bool:
+        """True when this conditioning renders the avatar frame unchanged (the mouth at rest).
+
+        The session then sends the avatar frame as it is and spends no render time on it.
+        """
+        ...
+
+
+@runtime_checkable
+class LipSyncBackend(Protocol):
+    """Renders batches of frames. One instance per process, owned by the engine's worker thread."""
+
+    name: str
+
+    @property
+    def conditioning_shape(self) -> tuple[int, ...]:
+        """Shape of one frame's conditioning array."""
+        ...
+
+    @property
+    def lookahead_ms(self) -> float:
+        """Audio needed past the end of a frame's own hop, in milliseconds (the backend's added latency)."""
+        ...
+
+    def new_featurizer(self) -> Featurizer:
+        """A fresh per-session featurizer."""
+        ...
+
+    def add_avatar(self, avatar: Avatar) -> None:
+        """Prepare an avatar's assets (crops, masks, encoder features) on the backend's device."""
+        ...
+
+    def remove_avatar(self, name: str) -> None:
+        """Drop an avatar's prepared assets."""
+        ...
+
+    def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
+        """Render a batch. ``len(items)`` is one of the engine's fixed batch sizes (padding included).
+
+        Returns one patch per item, in order. Items may mix avatars. Must be thread-safe with respect to
+        ``add_avatar`` only through the engine (which calls both from its worker thread).
+        """
+        ...

@@ -1,0 +1,45 @@
+"""Compositing on the device: feathered masks and alpha blends, batched, in torch.
+
+Pure tensor code: the same functions run on the CPU and on CUDA. Images are float tensors in [0, 255] or
+[0, 1] (the caller's choice, kept consistent), channels first: ``(N, C, H, W)``. Masks are ``(N or 1, 1, H, W)``
+in [0, 1], 1 where the patch wins.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def smoothstep(edge0: float, edge1: float, x: torch.Tensor) -> torch.Tensor:
+    """Hermite step: 0 below ``edge0``, 1 above ``edge1``, ``3t^2 - 2t^3`` between."""
+    t = ((x - edge0) / (edge1 - edge0)).clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def feathered_box_mask(
+    height: int,
+    width: int,
+    feather_px: float,
+    *,
+    top_fraction: float = 0.0,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """A ``(1, 1, height, width)`` mask: 1 inside, ramping to 0 over ``feather_px`` at every edge.
+
+    ``top_fraction`` moves the top edge down to that fraction of the height (0.5 keeps the lower half, the
+    part of a face that lip-sync changes); the ramp then starts there.
+    """
+    if feather_px <= 0:
+        raise ValueError("feather_px must be positive")
+    ys = torch.arange(height, device=device, dtype=dtype) + 0.5
+    xs = torch.arange(width, device=device, dtype=dtype) + 0.5
+    top = top_fraction * height
+    wy = smoothstep(top, top + feather_px, ys) * smoothstep(height, height - feather_px, ys)
+    wx = smoothstep(0.0, feather_px, xs) * smoothstep(width, width - feather_px, xs)
+    return (wy[:, None] * wx[None, :])[None, None]
+
+
+def blend(base: torch.Tensor, patch: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``base * (1 - mask) + patch * mask``, broadcasting the mask over channels and batch."""
+    return torch.lerp(base, patch, mask)
