@@ -4,8 +4,8 @@ Layout of an avatar directory::
 
     NAME/
       manifest.json     {"version": 1, "name", "fps", "width", "height", "frames": [...],
-                         "face_boxes": [[x1, y1, x2, y2], ...], "mouths": [[lx, ly, rx, ry, lip_y, chin_y], ...],
-                         optional "source", "license"}
+                         "face_boxes": [[x1, y1, x2, y2], ...],
+                         "mouths": [[lx, ly, rx, ry, lip_y, chin_y], ...], optional "source", "license"}
       frames/000000.png ...
 
 Coordinates are frame pixels, x to the right, y down. Face boxes are ``[x1, y1, x2, y2)``. A mouth row is the
@@ -100,9 +100,7 @@ class Avatar:
 
 def validate_name(name: str) -> str:
     if not NAME_PATTERN.match(name):
-        raise AvatarError(
-            f"invalid avatar name {name!r}: use 1-63 lowercase letters, digits, '-' or '_'"
-        )
+        raise AvatarError(f"invalid avatar name {name!r}: use 1-63 lowercase letters, digits, '-' or '_'")
     return name
 
 
@@ -118,9 +116,7 @@ def validate_arrays(
     if count == 0:
         raise AvatarError(f"avatar {name!r} has no frames")
     if face_boxes.shape != (count, 4):
-        raise AvatarError(
-            f"avatar {name!r}: {count} frames but face_boxes has shape {face_boxes.shape}"
-        )
+        raise AvatarError(f"avatar {name!r}: {count} frames but face_boxes has shape {face_boxes.shape}")
     if mouths.shape != (count, len(MOUTH_FIELDS)):
         raise AvatarError(f"avatar {name!r}: {count} frames but mouths has shape {mouths.shape}")
     x1, y1, x2, y2 = (face_boxes[:, i] for i in range(4))

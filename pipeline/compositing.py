@@ -1,8 +1,8 @@
 """Compositing on the device: feathered masks and alpha blends, batched, in torch.
 
 Pure tensor code: the same functions run on the CPU and on CUDA. Images are float tensors in [0, 255] or
-[0, 1] (the caller's choice, kept consistent), channels first: ``(N, C, H, W)``. Masks are ``(N or 1, 1, H, W)``
-in [0, 1], 1 where the patch wins.
+[0, 1] (the caller's choice, kept consistent), channels first: ``(N, C, H, W)``. Masks are
+``(N or 1, 1, H, W)`` in [0, 1], 1 where the patch wins.
 """
 
 from __future__ import annotations

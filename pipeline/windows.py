@@ -24,9 +24,7 @@ class FrameGrid:
 
     def __post_init__(self) -> None:
         if self.fps <= 0 or self.sample_rate_hz % self.fps != 0:
-            raise ValueError(
-                f"fps {self.fps} must divide the sample rate {self.sample_rate_hz} Hz exactly"
-            )
+            raise ValueError(f"fps {self.fps} must divide the sample rate {self.sample_rate_hz} Hz exactly")
 
     @property
     def samples_per_frame(self) -> int:

@@ -1,0 +1,220 @@
+"""The render engine: one per process, owns the backend (and its device), batches across sessions.
+
+Sessions submit one :class:`RenderItem` per video frame and get a :class:`concurrent.futures.Future`. A single
+worker thread takes everything pending (from all sessions, in arrival order), pads it to the smallest fixed
+batch size that holds it, renders it in one backend call and hands each session its own patches. There is no
+waiting to fill a batch: while one batch runs the next one accumulates, so a lightly loaded engine answers
+at batch 1 and a loaded one batches automatically ("continuous batching").
+
+Fixed batch sizes keep every shape seen at run time also seen at warm-up (cuDNN autotuning, CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.avatar import Avatar
+from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running."""
+
+
+@dataclass
+class _Pending:
+    session_id: str
+    item: RenderItem
+    future: Future[RenderedPatch]
+    submitted_s: float
+
+
+@dataclass
+class EngineStats:
+    """Counters read by metrics; updated only by the worker thread."""
+
+    batches: int = 0
+    frames: int = 0
+    padded_frames: int = 0
+    failed_batches: int = 0
+    busy_s: float = 0.0
+    batch_size_counts: dict[int, int] = field(default_factory=dict)
+    last_batch_ms: float = 0.0
+
+
+def bucket_for(count: int, batch_sizes: Sequence[int]) -> int:
+    """The smallest batch size that holds ``count`` items (``batch_sizes`` ascending)."""
+    for size in batch_sizes:
+        if size >= count:
+            return size
+    return batch_sizes[-1]
+
+
+class RenderEngine:
+    """Batches render requests from every session onto one backend, on one worker thread."""
+
+    def __init__(
+        self,
+        backend: LipSyncBackend,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        sizes = tuple(sorted(set(batch_sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"batch sizes must be positive, got {batch_sizes!r}")
+        self.backend = backend
+        self.batch_sizes = sizes
+        self.stats = EngineStats()
+        self._clock = clock
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._avatars: dict[str, Avatar] = {}
+        self.warmup_s: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="render-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker; pending requests fail with :class:`EngineStoppedError`."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._fail_all(EngineStoppedError("render engine stopped"))
+
+    # -- avatars and warm-up (called before start, or from the owner while idle) ---------------------------
+
+    def add_avatar(self, avatar: Avatar) -> None:
+        self.backend.add_avatar(avatar)
+        self._avatars[avatar.name] = avatar
+
+    def has_avatar(self, name: str) -> bool:
+        return name in self._avatars
+
+    def warmup(self) -> dict[int, float]:
+        """Render one batch of every size once (autotuning, graph capture). Returns ms per size."""
+        if not self._avatars:
+            raise RuntimeError("add an avatar before warming up the engine")
+        avatar = next(iter(self._avatars.values()))
+        conditioning = np.zeros(self.backend.conditioning_shape, dtype=np.float32)
+        timings: dict[int, float] = {}
+        start = self._clock()
+        for size in self.batch_sizes:
+            items = [RenderItem(avatar.name, i % avatar.frame_count, conditioning) for i in range(size)]
+            t0 = self._clock()
+            self.backend.render(items)
+            timings[size] = (self._clock() - t0) * 1000.0
+        self.warmup_s = self._clock() - start
+        logger.info("engine warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
+        return timings
+
+    # -- submission -------------------------------------------------------------------------------------
+
+    def submit(self, session_id: str, item: RenderItem) -> Future[RenderedPatch]:
+        """Queue one frame; the future resolves with its patch (or the batch's exception)."""
+        future: Future[RenderedPatch] = Future()
+        with self._cond:
+            if self._stopping or not self.running:
+                future.set_exception(EngineStoppedError("render engine is not running"))
+                return future
+            self._queue.append(_Pending(session_id, item, future, self._clock()))
+            self._cond.notify()
+        return future
+
+    def cancel_session(self, session_id: str) -> int:
+        """Drop a session's queued requests (a session that ended). Returns how many were dropped."""
+        with self._cond:
+            kept = deque(p for p in self._queue if p.session_id != session_id)
+            dropped = [p for p in self._queue if p.session_id == session_id]
+            self._queue = kept
+        for pending in dropped:
+            pending.future.cancel()
+        return len(dropped)
+
+    @property
+    def queue_depth(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    # -- worker ---------------------------------------------------------------------------------------------
+
+    def _take_batch(self) -> list[_Pending] | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            limit = self.batch_sizes[-1]
+            batch: list[_Pending] = []
+            while self._queue and len(batch) < limit:
+                pending = self._queue.popleft()
+                if pending.future.set_running_or_notify_cancel():
+                    batch.append(pending)
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            if batch:
+                self._render(batch)
+
+    def _render(self, batch: list[_Pending]) -> None:
+        size = bucket_for(len(batch), self.batch_sizes)
+        items = [p.item for p in batch]
+        items.extend(items[-1] for _ in range(size - len(batch)))
+        t0 = self._clock()
+        try:
+            patches = self.backend.render(items)
+        except Exception as e:  # one bad batch must not take the engine (or other batches) down
+            logger.exception("render batch of %d failed", len(batch))
+            self.stats.failed_batches += 1
+            for pending in batch:
+                pending.future.set_exception(e)
+            return
+        elapsed_s = self._clock() - t0
+        stats = self.stats
+        stats.batches += 1
+        stats.frames += len(batch)
+        stats.padded_frames += size - len(batch)
+        stats.busy_s += elapsed_s
+        stats.last_batch_ms = elapsed_s * 1000.0
+        stats.batch_size_counts[size] = stats.batch_size_counts.get(size, 0) + 1
+        for pending, patch in zip(batch, patches, strict=False):
+            pending.future.set_result(patch)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._cond:
+            pending = list(self._queue)
+            self._queue.clear()
+        for p in pending:
+            if not p.future.done():
+                p.future.set_exception(error)
