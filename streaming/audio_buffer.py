@@ -1,0 +1,151 @@
+"""The session's inbound audio buffer: a jitter buffer bounded in milliseconds.
+
+Policy (audio is never reordered; speech is never dropped while the buffer is within its bound):
+
+* The media clock pulls one frame of audio per tick. Playout starts once ``target_ms`` is buffered and
+  restarts the same way after running dry; a dry tick gets silence (an *underrun*) and the late audio is
+  played afterwards, in order.
+* Network bursts or a client clock running fast leave the buffer deeper than its target. The excess is
+  removed only where the voice-activity detector marked *silence*, whole 20 ms blocks at a time, so latency
+  returns to the target at the next pause without cutting speech (*trimmed* audio).
+* Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
+  holds (*overflow*), so latency can never grow without bound. Each case is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+logger = logging.getLogger(__name__)
+
+Int16Array = npt.NDArray[np.int16]
+
+
+@dataclass
+class _Block:
+    samples: Int16Array
+    speech: bool
+    input_pos: int  # position of samples[0] in the client's stream, in samples
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """One tick's audio. ``input_pos`` is the stream position of its first sample (None for filler)."""
+
+    samples: Int16Array
+    speech: bool
+    input_pos: int | None
+    underrun: bool
+
+
+@dataclass
+class BufferStats:
+    pushed_samples: int = 0
+    pulled_samples: int = 0
+    underruns: int = 0
+    trimmed_samples: int = 0
+    overflow_samples: int = 0
+
+
+class InputAudioBuffer:
+    """Mono int16 audio at ``sample_rate_hz``, pushed in blocks with a speech flag, pulled per tick."""
+
+    def __init__(
+        self,
+        sample_rate_hz: int = 48_000,
+        *,
+        target_ms: float = 80.0,
+        trim_hysteresis_ms: float = 40.0,
+        max_ms: float = 1000.0,
+    ) -> None:
+        if not 0 < target_ms < max_ms:
+            raise ValueError("need 0 < target_ms < max_ms")
+        self.sample_rate_hz = sample_rate_hz
+        self.target_samples = round(target_ms * sample_rate_hz / 1000)
+        self.trim_above_samples = self.target_samples + round(trim_hysteresis_ms * sample_rate_hz / 1000)
+        self.max_samples = round(max_ms * sample_rate_hz / 1000)
+        self.stats = BufferStats()
+        self._blocks: deque[_Block] = deque()
+        self._depth = 0
+        self._primed = False
+        self._ever_primed = False
+        self._next_input_pos = 0
+
+    @property
+    def depth_samples(self) -> int:
+        return self._depth
+
+    @property
+    def depth_ms(self) -> float:
+        return self._depth * 1000.0 / self.sample_rate_hz
+
+    def push(self, samples: Int16Array, speech: bool) -> None:
+        """Append a block of the client's audio (in arrival order)."""
+        if len(samples) == 0:
+            return
+        self._blocks.append(_Block(samples, speech, self._next_input_pos))
+        self._next_input_pos += len(samples)
+        self._depth += len(samples)
+        self.stats.pushed_samples += len(samples)
+        if self._depth > self.max_samples:
+            dropped = self._discard_oldest(self._depth - self.max_samples, silence_only=False)
+            self.stats.overflow_samples += dropped
+            logger.warning(
+                "inbound audio over its %d-sample bound: dropped %d samples", self.max_samples, dropped
+            )
+
+    def pull(self, count: int) -> Pulled:
+        """Take ``count`` samples for one tick (silence when not primed or dry)."""
+        if not self._primed:
+            if self._depth >= max(self.target_samples, count):
+                self._primed = self._ever_primed = True
+            else:
+                return Pulled(np.zeros(count, np.int16), False, None, underrun=False)
+        if self._depth < count:
+            self._primed = False
+            self.stats.underruns += 1
+            return Pulled(np.zeros(count, np.int16), False, None, underrun=True)
+        pulled = self._take(count)
+        excess = self._depth - self.target_samples
+        if self._depth > self.trim_above_samples:
+            self.stats.trimmed_samples += self._discard_oldest(excess, silence_only=True)
+        return pulled
+
+    def _take(self, count: int) -> Pulled:
+        out = np.empty(count, np.int16)
+        filled = 0
+        speech = False
+        input_pos = self._blocks[0].input_pos
+        while filled < count:
+            block = self._blocks[0]
+            n = min(count - filled, len(block.samples))
+            out[filled : filled + n] = block.samples[:n]
+            speech |= block.speech
+            filled += n
+            if n == len(block.samples):
+                self._blocks.popleft()
+            else:
+                block.samples = block.samples[n:]
+                block.input_pos += n
+        self._depth -= count
+        self.stats.pulled_samples += count
+        return Pulled(out, speech, input_pos, underrun=False)
+
+    def _discard_oldest(self, limit: int, *, silence_only: bool) -> int:
+        """Drop whole blocks from the head, up to ``limit`` samples; stop at speech if ``silence_only``."""
+        dropped = 0
+        while self._blocks:
+            block = self._blocks[0]
+            if silence_only and (block.speech or dropped + len(block.samples) > limit):
+                break
+            if not silence_only and dropped >= limit:
+                break
+            self._blocks.popleft()
+            dropped += len(block.samples)
+        self._depth -= dropped
+        return dropped

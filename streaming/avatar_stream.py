@@ -1,0 +1,247 @@
+"""The session's media clock and producer: one video frame and exactly one frame of audio per tick.
+
+At tick ``k`` (due at ``start + k / fps``) the producer pulls one frame of the caller's audio from the jitter
+buffer, feeds its 16 kHz version to the backend's featurizer, delays the 48 kHz audio by the featurizer's
+lookahead (so the frame and its audio leave together) and submits the frame to the render engine. The
+tick leaves ``render_budget_ms`` later through both outgoing tracks (:mod:`streaming.tracks`); a frame that
+is not rendered by then is replaced by the previous one, never waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.avatar import Avatar
+from pipeline.backend import Featurizer, RenderedPatch, RenderItem
+from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ, FrameGrid
+from streaming.audio_buffer import InputAudioBuffer
+from streaming.clock import Clock, FrameTimeline
+from streaming.delay import Delayed, DelayLine
+from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
+
+logger = logging.getLogger(__name__)
+
+INT16_SCALE = 32768.0
+
+
+class Renderer(Protocol):
+    """What the producer needs of the render engine."""
+
+    def submit(self, session_id: str, item: RenderItem) -> Future[RenderedPatch]: ...
+
+    def cancel_session(self, session_id: str) -> int: ...
+
+
+@dataclass
+class Tick:
+    """Everything that leaves the server for one frame."""
+
+    index: int
+    frame_index: int  # the avatar frame it shows
+    audio: npt.NDArray[np.int16]  # exactly one frame of 48 kHz mono audio
+    input_pos: int | None  # 48 kHz position in the caller's stream of the first sample carried, if any
+    speech: bool
+    conditioning: npt.NDArray[np.float32]
+    patch: Future[RenderedPatch] | None  # None: the avatar frame as it is (mouth at rest)
+    produced_s: float
+    featurize_ms: float
+    render_ms: float | None = None  # submit -> patch ready
+
+
+@dataclass
+class StreamStats:
+    ticks: int = 0
+    rendered: int = 0
+    at_rest: int = 0
+    render_errors: int = 0
+    producer_late_ticks: int = 0  # ticks produced after their due time + one frame (event loop stalls)
+
+
+def idle_frame_index(tick: int, frame_count: int) -> int:
+    """Ping-pong through the avatar's frames (0, 1, ..., n-1, n-2, ..., 1, 0, 1, ...)."""
+    if frame_count <= 1:
+        return 0
+    period = 2 * (frame_count - 1)
+    phase = tick % period
+    return phase if phase < frame_count else period - phase
+
+
+class AvatarStream:
+    """Produces the session's ticks on its media clock and keeps the last ``capacity`` for the tracks."""
+
+    def __init__(
+        self,
+        session_id: str,
+        avatar: Avatar,
+        featurizer: Featurizer,
+        renderer: Renderer,
+        audio_in: InputAudioBuffer,
+        clock: Clock,
+        *,
+        fps: int = 25,
+        render_budget_ms: float = 40.0,
+        capacity_ms: float = 2000.0,
+        perf_counter: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.session_id = session_id
+        self.avatar = avatar
+        self.featurizer = featurizer
+        self.renderer = renderer
+        self.audio_in = audio_in
+        self.clock = clock
+        self.grid = FrameGrid(fps)
+        self.render_budget_s = render_budget_ms / 1000.0
+        self.samples_per_tick = OUTPUT_SAMPLE_RATE_HZ // fps
+        self.capacity = max(2, round(capacity_ms / self.grid.frame_ms))
+        self.stats = StreamStats()
+        self.timeline: FrameTimeline | None = None
+        self.started = asyncio.Event()
+        self._perf = perf_counter
+        self._decimator = Decimator()
+        self._delay = DelayLine(featurizer.lookahead_samples * FACTOR + DECIMATOR_DELAY_48K)
+        self._ticks: dict[int, Tick] = {}
+        self._produced = asyncio.Condition()
+        self._next_index = 0
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def delay_ms(self) -> float:
+        """The fixed audio delay this stream adds on top of the jitter buffer: lookahead + decimator."""
+        return self._delay.delay_samples * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
+
+    @property
+    def latest_index(self) -> int:
+        return self._next_index - 1
+
+    def present_time(self, index: int) -> float:
+        """When tick ``index`` leaves through the tracks."""
+        if self.timeline is None:
+            raise RuntimeError("stream not started")
+        return self.timeline.due(index) + self.render_budget_s
+
+    def start(self) -> None:
+        if self._task is None:
+            self.timeline = FrameTimeline(self.clock.now(), self.grid.fps)
+            self._task = asyncio.create_task(self._run(), name=f"avatar-stream-{self.session_id}")
+            self.started.set()
+
+    async def stop(self) -> None:
+        self.closed = True
+        self.started.set()  # release tracks still waiting for a start that will not come
+        async with self._produced:
+            self._produced.notify_all()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.renderer.cancel_session(self.session_id)
+        for tick in self._ticks.values():
+            if tick.patch is not None:
+                tick.patch.cancel()
+        self._ticks.clear()
+
+    async def get(self, index: int) -> Tick | None:
+        """Tick ``index``, waiting until it is produced; None if discarded or the stream closed."""
+        async with self._produced:
+            await self._produced.wait_for(lambda: self._next_index > index or self.closed)
+        return None if self.closed else self._ticks.get(index)
+
+    async def _run(self) -> None:
+        assert self.timeline is not None
+        while True:
+            index = self._next_index
+            due_s = self.timeline.due(index)
+            await self.clock.sleep_until(due_s)
+            if self.clock.now() > due_s + self.timeline.frame_s:
+                self.stats.producer_late_ticks += 1
+            try:
+                tick = self.produce(index)
+            except Exception:
+                logger.exception("[%s] producing tick %d failed", self.session_id, index)
+                raise
+            async with self._produced:
+                self._ticks[index] = tick
+                self._ticks.pop(index - self.capacity, None)
+                self._next_index = index + 1
+                self._produced.notify_all()
+
+    def produce(self, index: int) -> Tick:
+        """Build tick ``index`` from the next frame of inbound audio (synchronous, cheap)."""
+        t0 = self._perf()
+        pulled = self.audio_in.pull(self.samples_per_tick)
+        if pulled.input_pos is None:
+            positions = np.full(self.samples_per_tick, -1, np.int64)
+        else:
+            positions = np.arange(pulled.input_pos, pulled.input_pos + self.samples_per_tick)
+        hop = self._decimator.process(pulled.samples.astype(np.float32) / INT16_SCALE)
+        conditioning = self.featurizer.push(hop)
+        out = self._delay.process(
+            Delayed(pulled.samples, positions, np.full(self.samples_per_tick, pulled.speech))
+        )
+        featurize_ms = (self._perf() - t0) * 1000.0
+        frame_index = idle_frame_index(index, self.avatar.frame_count)
+        valid = out.positions[out.positions >= 0]
+        tick = Tick(
+            index=index,
+            frame_index=frame_index,
+            audio=out.samples,
+            input_pos=int(valid[0] - (np.argmax(out.positions >= 0))) if len(valid) else None,
+            speech=bool(out.speech.any()),
+            conditioning=conditioning,
+            patch=None,
+            produced_s=self.clock.now(),
+            featurize_ms=featurize_ms,
+        )
+        self.stats.ticks += 1
+        if self.featurizer.is_at_rest(conditioning):
+            self.stats.at_rest += 1
+            return tick
+        submitted = self._perf()
+        future = self.renderer.submit(
+            self.session_id, RenderItem(self.avatar.name, frame_index, conditioning)
+        )
+        self.stats.rendered += 1
+
+        def _done(f: Future[RenderedPatch], tick: Tick = tick) -> None:
+            tick.render_ms = (self._perf() - submitted) * 1000.0
+
+        future.add_done_callback(_done)
+        tick.patch = future
+        return tick
+
+
+@dataclass
+class FrameMeta:
+    """Per-frame metadata sent to the client (and used by tests and the probe)."""
+
+    frame: int
+    avatar_frame: int
+    input_pos_ms: float | None
+    speech: bool
+    mouth: list[float]
+    late: bool
+    stages_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "frame": self.frame,
+            "avatar_frame": self.avatar_frame,
+            "audio_ms": self.input_pos_ms,
+            "speech": self.speech,
+            "mouth": self.mouth,
+            "late": self.late,
+            "stages_ms": self.stages_ms,
+        }

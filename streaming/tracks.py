@@ -1,0 +1,157 @@
+"""The two outgoing tracks. They only pace and convert: tick ``k`` leaves at the stream's presentation time.
+
+Video may skip or repeat a frame; audio never skips: every tick's audio leaves, in order, so the audio RTP
+clock (counted in samples by the Opus encoder) and the video RTP clock (from the tick index) advance together.
+"""
+
+from __future__ import annotations
+
+import fractions
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, VideoFrame
+
+from pipeline.backend import RenderedPatch
+from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ
+from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
+
+logger = logging.getLogger(__name__)
+
+VIDEO_CLOCK_HZ = 90_000
+VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
+AUDIO_TIME_BASE = fractions.Fraction(1, OUTPUT_SAMPLE_RATE_HZ)
+
+
+@dataclass
+class VideoStats:
+    sent: int = 0
+    late: int = 0  # render not ready at presentation: previous frame repeated
+    skipped: int = 0  # the sender fell behind: frames not sent at all
+    failed: int = 0  # render raised: avatar frame shown as it is
+
+
+def paste(base: npt.NDArray[np.uint8], patch: RenderedPatch) -> npt.NDArray[np.uint8]:
+    """A copy of ``base`` with ``patch`` written at its place."""
+    frame = base.copy()
+    h, w = patch.pixels.shape[:2]
+    frame[patch.top : patch.top + h, patch.left : patch.left + w] = patch.pixels
+    return frame
+
+
+class AvatarVideoTrack(MediaStreamTrack):
+    kind = "video"
+
+    def __init__(self, stream: AvatarStream, on_frame: Callable[[FrameMeta], None] | None = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self.on_frame = on_frame
+        self.stats = VideoStats()
+        self._next = 0
+        self._last: npt.NDArray[np.uint8] | None = None
+
+    async def recv(self) -> VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        stream = self.stream
+        await stream.started.wait()
+        if stream.closed:
+            self.stop()
+            raise MediaStreamError
+        index = self._next
+        await stream.clock.sleep_until(stream.present_time(index))
+        # Fell behind by more than a frame (slow encoder, stalled loop): jump to the newest tick.
+        assert stream.timeline is not None
+        newest = stream.timeline.index_at(stream.clock.now() - stream.render_budget_s)
+        if newest > index:
+            self.stats.skipped += newest - index
+            index = newest
+        tick = await stream.get(index)
+        self._next = index + 1
+        if tick is None or self.readyState != "live":  # the stream closed under us
+            self.stop()
+            raise MediaStreamError
+        image, late = self._image(tick)
+        frame = VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = index * (VIDEO_CLOCK_HZ // stream.grid.fps)
+        frame.time_base = VIDEO_TIME_BASE
+        self.stats.sent += 1
+        if self.on_frame is not None:
+            self.on_frame(self._meta(tick, late))
+        return frame
+
+    def _image(self, tick: Tick) -> tuple[npt.NDArray[np.uint8], bool]:
+        base = self.stream.avatar.frames[tick.frame_index]
+        future = tick.patch
+        if future is None:
+            image = base
+        elif not future.done():
+            self.stats.late += 1
+            return (self._last if self._last is not None else base), True
+        elif future.cancelled() or future.exception() is not None:
+            self.stats.failed += 1
+            image = base
+        else:
+            image = paste(base, future.result())
+        self._last = image
+        return image, False
+
+    def _meta(self, tick: Tick, late: bool) -> FrameMeta:
+        stages = {"features": round(tick.featurize_ms, 3)}
+        if tick.render_ms is not None:
+            stages["render"] = round(tick.render_ms, 3)
+        return FrameMeta(
+            frame=tick.index,
+            avatar_frame=tick.frame_index,
+            input_pos_ms=(
+                None if tick.input_pos is None else tick.input_pos * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
+            ),
+            speech=tick.speech,
+            mouth=[round(float(v), 4) for v in tick.conditioning.reshape(-1)[:3]],
+            late=late,
+            stages_ms=stages,
+        )
+
+
+class AvatarAudioTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self, stream: AvatarStream) -> None:
+        super().__init__()
+        self.stream = stream
+        self.sent = 0
+        self.lost_ticks = 0
+        self._next = 0
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        stream = self.stream
+        await stream.started.wait()
+        if stream.closed:
+            self.stop()
+            raise MediaStreamError
+        index = self._next
+        await stream.clock.sleep_until(stream.present_time(index))
+        tick = await stream.get(index)
+        self._next = index + 1
+        if stream.closed or self.readyState != "live":
+            self.stop()
+            raise MediaStreamError
+        if tick is None:
+            # Only possible if this sender stalled for longer than the stream keeps ticks; send silence so
+            # the timeline stays continuous, and count it.
+            self.lost_ticks += 1
+            samples = np.zeros(stream.samples_per_tick, np.int16)
+        else:
+            samples = tick.audio
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        frame.pts = index * stream.samples_per_tick
+        frame.time_base = AUDIO_TIME_BASE
+        self.sent += 1
+        return frame

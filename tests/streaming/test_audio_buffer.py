@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streaming.audio_buffer import InputAudioBuffer
+
+RATE = 48_000
+BLOCK = 960  # 20 ms
+TICK = 1920  # 40 ms
+
+
+def ramp(start: int, n: int = BLOCK) -> np.ndarray:
+    return (np.arange(start, start + n) % 30000).astype(np.int16)
+
+
+def test_silence_until_primed_then_in_order() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=60)
+    buf.push(ramp(0), speech=True)
+    buf.push(ramp(BLOCK), speech=True)
+    first = buf.pull(TICK)  # 40 ms buffered < 60 ms target
+    assert not first.samples.any() and first.input_pos is None and not first.underrun
+    buf.push(ramp(2 * BLOCK), speech=True)
+    out = buf.pull(TICK)
+    np.testing.assert_array_equal(out.samples, ramp(0, TICK))
+    assert out.input_pos == 0 and out.speech
+    assert buf.depth_samples == BLOCK
+
+
+def test_underrun_sends_silence_and_plays_late_audio_afterwards() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=40)
+    for i in range(2):
+        buf.push(ramp(i * BLOCK), speech=True)
+    assert buf.pull(TICK).input_pos == 0
+    buf.push(ramp(2 * BLOCK), speech=True)  # only 20 ms arrived in time
+    dry = buf.pull(TICK)
+    assert dry.underrun and not dry.samples.any()
+    assert buf.stats.underruns == 1
+    buf.push(ramp(3 * BLOCK), speech=True)
+    late = buf.pull(TICK)  # re-primed at 40 ms: nothing was dropped
+    np.testing.assert_array_equal(late.samples, ramp(2 * BLOCK, TICK))
+    assert late.input_pos == 2 * BLOCK
+
+
+def test_excess_is_trimmed_only_in_silence() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=40, trim_hysteresis_ms=20)
+    kinds = [True] * 4 + [False] * 6 + [True] * 2  # a burst arrives at once: 240 ms
+    for i, speech in enumerate(kinds):
+        buf.push(ramp(i * BLOCK), speech=speech)
+    out = buf.pull(TICK)
+    np.testing.assert_array_equal(out.samples, ramp(0, TICK))
+    # Speech at the head is never trimmed.
+    assert buf.stats.trimmed_samples == 0
+    out = buf.pull(TICK)
+    np.testing.assert_array_equal(out.samples, ramp(TICK, TICK))
+    # Now the 6 silent blocks are at the head and the buffer (160 ms) is above 40 + 20 ms: all of the
+    # silence goes, which brings it back to exactly the 40 ms target.
+    assert buf.stats.trimmed_samples == 6 * BLOCK
+    assert buf.depth_ms == pytest.approx(40.0)
+    tail = buf.pull(TICK)
+    np.testing.assert_array_equal(tail.samples, ramp(10 * BLOCK, TICK))
+    assert tail.speech
+
+
+def test_trim_keeps_target_depth() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=40, trim_hysteresis_ms=20)
+    for i in range(20):
+        buf.push(ramp(i * BLOCK), speech=False)
+    buf.pull(TICK)
+    # 18 blocks left (360 ms): trimmed down to the 40 ms target, in whole blocks.
+    assert buf.depth_ms == pytest.approx(40.0)
+    assert buf.stats.trimmed_samples == 16 * BLOCK
+
+
+def test_hard_bound_drops_oldest() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=40, max_ms=100)
+    for i in range(10):
+        buf.push(ramp(i * BLOCK), speech=True)
+    assert buf.depth_ms <= 100.0
+    assert buf.stats.overflow_samples == 5 * BLOCK
+    out = buf.pull(TICK)
+    assert out.input_pos == 5 * BLOCK  # the newest audio survives, in order
+
+
+def test_partial_blocks_are_split_exactly() -> None:
+    buf = InputAudioBuffer(RATE, target_ms=10)
+    buf.push(ramp(0, 1000), speech=False)
+    buf.push(ramp(1000, 3000), speech=True)
+    a = buf.pull(1500)
+    b = buf.pull(1500)
+    np.testing.assert_array_equal(np.concatenate([a.samples, b.samples]), ramp(0, 3000))
+    assert (a.input_pos, b.input_pos) == (0, 1500)
+    assert b.speech
