@@ -1,0 +1,96 @@
+"""The aiohttp application factory, used by ``lipcast serve`` and by the tests alike."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
+from pipeline.engine import RenderEngine
+from pipeline.runtime import create_backend, device_report, resolve_device
+from server import routes
+from server.config import Settings
+from server.errors import error_middleware
+from server.sessions import SessionManager
+from server.state import CLOCK, RUNTIME, SETTINGS, Runtime
+from streaming.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 1 << 20
+
+
+def load_avatars(settings: Settings) -> dict[str, Avatar]:
+    found = discover_avatars(settings.avatar_dirs)
+    avatars: dict[str, Avatar] = {}
+    for name, root in found.items():
+        try:
+            avatars[name] = load_avatar(root)
+        except AvatarError as e:
+            logger.error("skipping avatar %s: %s", root, e)
+    if settings.avatar not in avatars:
+        raise AvatarError(
+            f"default avatar {settings.avatar!r} not found in {[str(d) for d in settings.avatar_dirs]}"
+        )
+    return avatars
+
+
+def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
+    """Everything blocking at startup: device, backend, avatars, engine warm-up."""
+    device = resolve_device(settings.device)
+    report = device_report(device)
+    logger.info("device: %s", report)
+    backend = create_backend(
+        settings.backend, device, checkpoint=settings.checkpoint, lookahead_ms=settings.lookahead_ms
+    )
+    avatars = load_avatars(settings)
+    engine = RenderEngine(backend, settings.batch_sizes)
+    for avatar in avatars.values():
+        engine.add_avatar(avatar)
+    engine.warmup()
+    report = device_report(device)  # the backend may have switched cudnn.benchmark on
+    sessions = SessionManager(settings, backend, engine, avatars, clock)
+    return Runtime(settings, backend, engine, avatars, sessions, report)
+
+
+async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    clock = app.get(CLOCK)
+    loop = asyncio.get_running_loop()
+    runtime = await loop.run_in_executor(None, build_runtime, settings, clock)
+    runtime.engine.start()
+    runtime.ready = True
+    app[RUNTIME] = runtime
+    logger.info(
+        "ready: backend %s, %d avatar(s), warm-up %.2f s",
+        settings.backend,
+        len(runtime.avatars),
+        runtime.engine.warmup_s or 0.0,
+    )
+    try:
+        yield
+    finally:
+        runtime.ready = False
+        await runtime.sessions.close_all()
+        await loop.run_in_executor(None, runtime.engine.stop)
+
+
+async def _close_sessions(app: web.Application) -> None:
+    runtime = app.get(RUNTIME)
+    if runtime is not None:
+        runtime.ready = False
+        await runtime.sessions.close_all()
+
+
+def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
+    app[SETTINGS] = settings
+    if clock is not None:
+        app[CLOCK] = clock
+    app.cleanup_ctx.append(_runtime_ctx)
+    app.on_shutdown.append(_close_sessions)
+    routes.setup(app)
+    return app

@@ -1,0 +1,57 @@
+"""The ``lipcast`` command: ``lipcast serve`` (the default) and the tools that later issues add."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from server.config import build_parser, settings_from
+
+logger = logging.getLogger("lipcast")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aioice").setLevel(logging.WARNING)
+    logging.getLogger("aiortc").setLevel(logging.WARNING)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from server.app import create_app
+
+    try:
+        settings = settings_from(args)
+    except ValueError as e:
+        print(f"lipcast serve: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    logger.info("lipcast on http://%s:%d (backend %s)", settings.host, settings.port, settings.backend)
+    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None)
+    return 0
+
+
+def build_cli() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lipcast", description="Streaming WebRTC lip-sync avatar server")
+    commands = parser.add_subparsers(dest="command")
+    serve_parser = commands.add_parser("serve", parents=[build_parser()], help="run the server")
+    serve_parser.set_defaults(handler=serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "serve")
+    args = build_cli().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

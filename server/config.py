@@ -1,0 +1,205 @@
+"""One frozen settings object, built once from command-line flags and ``LIPCAST_*`` environment variables.
+
+Precedence: flag > environment > default. Every component gets the settings (or the part it needs) through
+its constructor; nothing reads the environment anywhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "LIPCAST_"
+BACKENDS = ("builtin", "wav2lip")
+
+
+@dataclass(frozen=True)
+class IceServer:
+    urls: tuple[str, ...]
+    username: str | None = None
+    credential: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"urls": list(self.urls)}
+        if self.username is not None:
+            out["username"] = self.username
+        if self.credential is not None:
+            out["credential"] = self.credential
+        return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ice_servers: tuple[IceServer, ...] = ()
+    max_sessions: int = 4
+    backend: str = "builtin"
+    checkpoint: Path | None = None
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    avatar: str = DEFAULT_AVATAR
+    avatar_dirs: tuple[Path, ...] = (BUILTIN_AVATAR_DIR,)
+    fps: int = 25
+    lookahead_ms: float | None = None  # None: the backend's default
+    jitter_buffer_ms: float = 60.0
+    render_budget_ms: float = 40.0
+    vad_aggressiveness: int = 2
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    connect_timeout_s: float = 30.0
+    static_dir: Path = field(default=PROJECT_ROOT / "static")
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 < self.port < 65536:
+            problems.append(f"port {self.port} out of range")
+        if self.max_sessions < 1:
+            problems.append("max_sessions must be at least 1")
+        if self.backend not in BACKENDS:
+            problems.append(f"backend must be one of {', '.join(BACKENDS)}")
+        if self.backend == "wav2lip" and self.checkpoint is None:
+            problems.append("--backend wav2lip needs --checkpoint PATH (the project ships no weights)")
+        if self.fps not in (25,):
+            problems.append("fps must be 25 (the lip-sync models' frame rate)")
+        if not 0 <= self.vad_aggressiveness <= 3:
+            problems.append("vad_aggressiveness must be 0..3")
+        if self.jitter_buffer_ms < 0 or self.render_budget_ms <= 0:
+            problems.append("jitter_buffer_ms must be >= 0 and render_budget_ms > 0")
+        if self.lookahead_ms is not None and self.lookahead_ms < 0:
+            problems.append("lookahead_ms must be >= 0")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            problems.append("batch sizes must be positive")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+
+def _ice_servers(urls: Sequence[str], username: str | None, credential: str | None) -> tuple[IceServer, ...]:
+    servers = []
+    for url in urls:
+        url = url.strip()
+        if not url:
+            continue
+        if not url.startswith(("stun:", "turn:", "turns:")):
+            raise ValueError(f"ICE server URL must start with stun:, turn: or turns:, got {url!r}")
+        is_turn = url.startswith("turn")
+        servers.append(IceServer((url,), username if is_turn else None, credential if is_turn else None))
+    return tuple(servers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--host", help="address to listen on (env LIPCAST_HOST)")
+    p.add_argument("--port", type=int, help="HTTP port (env LIPCAST_PORT)")
+    p.add_argument(
+        "--ice-server",
+        action="append",
+        dest="ice_servers",
+        metavar="URL",
+        help="STUN/TURN URL, repeatable (env LIPCAST_ICE_SERVERS, comma-separated)",
+    )
+    p.add_argument("--ice-username", help="TURN username (env LIPCAST_ICE_USERNAME)")
+    p.add_argument("--ice-credential", help="TURN credential (env LIPCAST_ICE_CREDENTIAL)")
+    p.add_argument("--max-sessions", type=int, help="concurrent calls (env LIPCAST_MAX_SESSIONS)")
+    p.add_argument("--backend", choices=BACKENDS, help="lip-sync backend (env LIPCAST_BACKEND)")
+    p.add_argument("--checkpoint", type=Path, help="Wav2Lip checkpoint (env LIPCAST_CHECKPOINT)")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (env LIPCAST_DEVICE)")
+    p.add_argument("--avatar", help="default avatar name (env LIPCAST_AVATAR)")
+    p.add_argument(
+        "--avatar-dir",
+        action="append",
+        dest="avatar_dirs",
+        type=Path,
+        metavar="DIR",
+        help="extra avatar directory, repeatable (env LIPCAST_AVATAR_DIRS, ':'-separated)",
+    )
+    p.add_argument("--fps", type=int, help="output frame rate (env LIPCAST_FPS)")
+    p.add_argument(
+        "--lookahead-ms",
+        type=float,
+        help="audio the backend looks ahead per frame (env LIPCAST_LOOKAHEAD_MS)",
+    )
+    p.add_argument(
+        "--jitter-buffer-ms",
+        type=float,
+        help="inbound audio buffered before playout (env LIPCAST_JITTER_BUFFER_MS)",
+    )
+    p.add_argument(
+        "--render-budget-ms",
+        type=float,
+        help="time a frame may take to render before it is replaced (env LIPCAST_RENDER_BUDGET_MS)",
+    )
+    p.add_argument(
+        "--vad-aggressiveness",
+        type=int,
+        choices=range(4),
+        help="webrtcvad mode 0-3 (env LIPCAST_VAD_AGGRESSIVENESS)",
+    )
+    p.add_argument("--batch-sizes", help="engine batch buckets, e.g. 1,2,4,8 (env LIPCAST_BATCH_SIZES)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (env LIPCAST_LOG_LEVEL)")
+    return p
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(ENV_PREFIX + name)
+    return value if value not in (None, "") else None
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """Merge parsed flags over environment variables over defaults."""
+    env = os.environ if env is None else env
+    defaults = Settings()
+    converters: dict[str, Any] = {
+        "port": int,
+        "max_sessions": int,
+        "fps": int,
+        "vad_aggressiveness": int,
+        "lookahead_ms": float,
+        "jitter_buffer_ms": float,
+        "render_budget_ms": float,
+        "connect_timeout_s": float,
+        "checkpoint": Path,
+        "static_dir": Path,
+    }
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        if f.name in ("ice_servers", "avatar_dirs", "batch_sizes"):
+            continue
+        flag = getattr(args, f.name, None)
+        raw: Any = flag if flag is not None else _env(env, f.name.upper())
+        if raw is None:
+            continue
+        try:
+            values[f.name] = converters.get(f.name, str)(raw)
+        except ValueError as e:
+            raise ValueError(f"invalid {f.name}: {raw!r}") from e
+
+    urls = args.ice_servers or (_env(env, "ICE_SERVERS") or "").split(",")
+    username = args.ice_username or _env(env, "ICE_USERNAME")
+    credential = args.ice_credential or _env(env, "ICE_CREDENTIAL")
+    values["ice_servers"] = _ice_servers(urls, username, credential)
+
+    extra_dirs = args.avatar_dirs or [Path(p) for p in (_env(env, "AVATAR_DIRS") or "").split(":") if p]
+    values["avatar_dirs"] = (*extra_dirs, *defaults.avatar_dirs)
+
+    batch = args.batch_sizes or _env(env, "BATCH_SIZES")
+    if batch:
+        try:
+            values["batch_sizes"] = tuple(sorted({int(x) for x in batch.split(",")}))
+        except ValueError as e:
+            raise ValueError(f"invalid batch sizes: {batch!r}") from e
+    return Settings(**values)
+
+
+def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(prog="lipcast serve", parents=[build_parser()])
+    return settings_from(parser.parse_args(argv), env)

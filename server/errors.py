@@ -1,0 +1,75 @@
+"""Error types raised by handlers and sessions; only the middleware turns them into HTTP answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class BadRequestError(ApiError):
+    status = 400
+
+
+class NotFoundError(ApiError):
+    status = 404
+
+
+class UnsupportedMediaTypeError(ApiError):
+    status = 415
+
+
+class CapacityError(ApiError):
+    """No room for another session right now."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": message}),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map :class:`ApiError` and aiohttp's HTTP errors to JSON bodies; log anything unexpected."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return json_error(e.status, e.message, e.headers())
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        headers = {k: v for k, v in e.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return json_error(e.status, e.reason, headers)
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return json_error(500, "internal server error")

@@ -1,0 +1,169 @@
+"""Thin HTTP handlers: parse, call the session manager, format. Errors are raised, never formatted here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import cv2
+from aiohttp import web
+from aiortc import RTCSessionDescription
+
+from pipeline.avatar import Avatar
+from server.errors import BadRequestError, NotFoundError
+from server.state import RUNTIME, SETTINGS, runtime_of
+
+MAX_SDP_CHARS = 64 * 1024
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    return body
+
+
+def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None]:
+    sdp, kind, avatar = body.get("sdp"), body.get("type"), body.get("avatar")
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise BadRequestError("'sdp' must be a non-empty string")
+    if len(sdp) > MAX_SDP_CHARS:
+        raise BadRequestError(f"'sdp' is longer than {MAX_SDP_CHARS} characters")
+    if kind != "offer":
+        raise BadRequestError("'type' must be \"offer\"")
+    if avatar is not None and not isinstance(avatar, str):
+        raise BadRequestError("'avatar' must be a string")
+    if not sdp.lstrip().startswith("v=0"):
+        raise BadRequestError("malformed SDP offer: it must start with v=0")
+    return RTCSessionDescription(sdp=sdp, type="offer"), avatar
+
+
+def avatar_json(avatar: Avatar) -> dict[str, Any]:
+    mouth = avatar.mouth(0)
+    pad_x = mouth.width * 0.25
+    return {
+        "name": avatar.name,
+        "width": avatar.width,
+        "height": avatar.height,
+        "frames": avatar.frame_count,
+        "preview_url": f"/avatars/{avatar.name}/preview.png",
+        # Where the mouth moves in frame 0: a probe measures motion here.
+        "mouth_box": [
+            round(mouth.left_x - pad_x),
+            round(min(mouth.left_y, mouth.right_y, mouth.lip_y) - mouth.width * 0.3),
+            round(mouth.right_x + pad_x),
+            round(mouth.chin_y),
+        ],
+    }
+
+
+async def offer(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    description, avatar_name = parse_offer(await read_json_object(request))
+    answer = await runtime.sessions.create(description, avatar_name)
+    return web.json_response(
+        {
+            "sdp": answer.sdp,
+            "type": answer.type,
+            "session_id": answer.session_id,
+            "avatar": avatar_json(answer.avatar),
+        }
+    )
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    session = runtime.sessions.get(request.match_info["session_id"])
+    await session.close("deleted by client")
+    return web.Response(status=204)
+
+
+async def session_stats(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    session = runtime.sessions.get(request.match_info["session_id"])
+    stream, buffer = session.stream, session.buffer
+    return web.json_response(
+        {
+            "session_id": session.id,
+            "avatar": session.avatar.name,
+            "connection": session.pc.connectionState,
+            "stream": vars(stream.stats),
+            "video": vars(session.video.stats),
+            "audio_sent_ticks": session.audio.sent,
+            "buffer": {**vars(buffer.stats), "depth_ms": buffer.depth_ms},
+            "delay_ms": {
+                "jitter_buffer": runtime.settings.jitter_buffer_ms,
+                "lookahead": stream.delay_ms,
+                "render_budget": runtime.settings.render_budget_ms,
+            },
+        }
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    runtime = request.app.get(RUNTIME)
+    if runtime is None:
+        return web.json_response({"status": "starting"}, status=503, headers={"Retry-After": "5"})
+    return web.json_response(
+        {
+            "status": "ok",
+            "ready": runtime.ready,
+            "backend": runtime.backend.name,
+            "sessions": len(runtime.sessions.sessions),
+            "max_sessions": runtime.settings.max_sessions,
+            "engine": {
+                "running": runtime.engine.running,
+                "warmup_s": runtime.engine.warmup_s,
+                "batch_sizes": list(runtime.engine.batch_sizes),
+            },
+            **runtime.device,
+        }
+    )
+
+
+async def client_config(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    return web.json_response({"ice_servers": [s.to_json() for s in settings.ice_servers]})
+
+
+async def list_avatars(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    return web.json_response(
+        {
+            "avatars": [avatar_json(a) for _, a in sorted(runtime.avatars.items())],
+            "default": runtime.settings.avatar,
+        }
+    )
+
+
+async def avatar_preview(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    name = request.match_info["name"]
+    avatar = runtime.avatars.get(name)
+    if avatar is None:
+        raise NotFoundError(f"unknown avatar {name!r}")
+    ok, png = cv2.imencode(".png", cv2.cvtColor(avatar.frames[0], cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise RuntimeError("PNG encoding failed")
+    return web.Response(body=png.tobytes(), content_type="image/png")
+
+
+def setup(app: web.Application) -> None:
+    static_dir = app[SETTINGS].static_dir
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(static_dir / "index.html")
+
+    app.router.add_get("/", index)
+    app.router.add_post("/offer", offer)
+    app.router.add_delete("/sessions/{session_id}", delete_session)
+    app.router.add_get("/sessions/{session_id}", session_stats)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/config", client_config)
+    app.router.add_get("/avatars", list_avatars)
+    app.router.add_get("/avatars/{name}/preview.png", avatar_preview)
+    if static_dir.is_dir():
+        app.router.add_static("/static/", static_dir)

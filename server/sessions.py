@@ -1,0 +1,245 @@
+"""Sessions: one caller, one peer connection, and everything that serves it.
+
+A :class:`Session` owns its ``RTCPeerConnection``, the inbound ingest task, the media-clock producer, the two
+outgoing tracks, the metadata channel and the engine's queued frames. ``close()`` releases all of it and is
+idempotent; it runs when the connection fails or closes, when the client deletes the session, when a
+connection never comes up, and at server shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtcdatachannel import RTCDataChannel
+
+from pipeline.avatar import Avatar
+from pipeline.backend import LipSyncBackend
+from server.config import Settings
+from server.errors import BadRequestError, CapacityError, NotFoundError
+from streaming.audio_buffer import InputAudioBuffer
+from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
+from streaming.clock import Clock, MonotonicClock
+from streaming.inbound import INBOUND_RATE_HZ, AudioIngest
+from streaming.rtc import tune_receiver_latency
+from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
+from streaming.vad import SpeechDetector
+
+logger = logging.getLogger(__name__)
+
+META_CHANNEL_LABEL = "meta"
+RETRY_AFTER_S = 10
+
+
+@dataclass(frozen=True)
+class Answer:
+    session_id: str
+    sdp: str
+    type: str
+    avatar: Avatar
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        pc: RTCPeerConnection,
+        avatar: Avatar,
+        stream: AvatarStream,
+        buffer: InputAudioBuffer,
+        detector: SpeechDetector,
+        manager: SessionManager,
+    ) -> None:
+        self.id = session_id
+        self.pc = pc
+        self.avatar = avatar
+        self.stream = stream
+        self.buffer = buffer
+        self.detector = detector
+        self.manager = manager
+        self.video = AvatarVideoTrack(stream, on_frame=self._send_meta)
+        self.audio = AvatarAudioTrack(stream)
+        self.ingest: AudioIngest | None = None
+        self.meta_channel: RTCDataChannel | None = None
+        self.closed = asyncio.Event()
+        self._closing = False
+        self._connect_timer: asyncio.TimerHandle | None = None
+        self._close_task: asyncio.Task[None] | None = None
+
+    def on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self.ingest is not None:
+            return
+        self.ingest = AudioIngest(track, self.buffer, self.detector, session_id=self.id)
+        self.ingest.start()
+
+    def on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label == META_CHANNEL_LABEL:
+            self.meta_channel = channel
+
+    def on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        logger.info("[%s] connection %s", self.id, state)
+        if state == "connected":
+            self._cancel_connect_timer()
+            self.stream.start()
+        elif state in ("failed", "closed"):
+            self.schedule_close(f"connection {state}")
+
+    def arm_connect_timeout(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._connect_timer = loop.call_later(
+            timeout_s, self.schedule_close, f"not connected within {timeout_s:g} s"
+        )
+
+    def _cancel_connect_timer(self) -> None:
+        if self._connect_timer is not None:
+            self._connect_timer.cancel()
+            self._connect_timer = None
+
+    def _send_meta(self, meta: FrameMeta) -> None:
+        channel = self.meta_channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(json.dumps(meta.to_json(), separators=(",", ":")))
+
+    def schedule_close(self, reason: str) -> None:
+        """Close from a callback (keeps a reference to the task)."""
+        if self._close_task is None and not self._closing:
+            self._close_task = asyncio.create_task(self.close(reason), name=f"close-{self.id}")
+
+    async def close(self, reason: str = "closed") -> None:
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        logger.info("[%s] closing: %s", self.id, reason)
+        self._cancel_connect_timer()
+        try:
+            self.video.stop()
+            self.audio.stop()
+            await self.stream.stop()
+            if self.ingest is not None:
+                await self.ingest.stop()
+            await self.pc.close()
+        finally:
+            self.manager.forget(self)
+            self.closed.set()
+
+
+class SessionManager:
+    """Creates sessions within the capacity limit and finds, lists and closes them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: LipSyncBackend,
+        renderer: Renderer,
+        avatars: Mapping[str, Avatar],
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.renderer = renderer
+        self.avatars = avatars
+        self.clock = clock or MonotonicClock()
+        self.sessions: dict[str, Session] = {}
+        self._reserved = 0
+
+    def __len__(self) -> int:
+        return len(self.sessions) + self._reserved
+
+    def get(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise NotFoundError(f"no session {session_id!r}") from None
+
+    def forget(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+
+    def avatar(self, name: str | None) -> Avatar:
+        name = name or self.settings.avatar
+        avatar = self.avatars.get(name)
+        if avatar is None:
+            raise NotFoundError(f"unknown avatar {name!r}; available: {', '.join(sorted(self.avatars))}")
+        return avatar
+
+    def _rtc_configuration(self) -> RTCConfiguration:
+        return RTCConfiguration(
+            iceServers=[
+                RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
+                for s in self.settings.ice_servers
+            ]
+        )
+
+    async def create(self, offer: RTCSessionDescription, avatar_name: str | None) -> Answer:
+        """Answer an offer with a new session, or raise an :class:`ApiError` leaving nothing behind."""
+        avatar = self.avatar(avatar_name)
+        if len(self) >= self.settings.max_sessions:
+            raise CapacityError(
+                f"all {self.settings.max_sessions} sessions are in use; try again later", RETRY_AFTER_S
+            )
+        self._reserved += 1  # hold the slot across the awaits below
+        session: Session | None = None
+        pc = RTCPeerConnection(self._rtc_configuration())
+        try:
+            session = self._new_session(pc, avatar)
+            await self._negotiate(session, offer)
+        except BaseException:
+            if session is not None:
+                await session.close("negotiation failed")
+            else:
+                await pc.close()
+            raise
+        finally:
+            self._reserved -= 1
+        self.sessions[session.id] = session
+        session.arm_connect_timeout(self.settings.connect_timeout_s)
+        local = pc.localDescription
+        logger.info("[%s] created (avatar %s)", session.id, avatar.name)
+        return Answer(session.id, local.sdp, local.type, avatar)
+
+    def _new_session(self, pc: RTCPeerConnection, avatar: Avatar) -> Session:
+        settings = self.settings
+        session_id = secrets.token_urlsafe(9)
+        buffer = InputAudioBuffer(INBOUND_RATE_HZ, target_ms=settings.jitter_buffer_ms)
+        detector = SpeechDetector(INBOUND_RATE_HZ, settings.vad_aggressiveness)
+        stream = AvatarStream(
+            session_id,
+            avatar,
+            self.backend.new_featurizer(),
+            self.renderer,
+            buffer,
+            self.clock,
+            fps=settings.fps,
+            render_budget_ms=settings.render_budget_ms,
+        )
+        session = Session(session_id, pc, avatar, stream, buffer, detector, self)
+        pc.on("track", session.on_track)
+        pc.on("datachannel", session.on_datachannel)
+        pc.on("connectionstatechange", session.on_connection_state)
+        return session
+
+    async def _negotiate(self, session: Session, offer: RTCSessionDescription) -> None:
+        pc = session.pc
+        try:
+            await pc.setRemoteDescription(offer)
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise BadRequestError(f"malformed SDP offer: {e}") from e
+        kinds = {t.kind for t in pc.getTransceivers()}
+        if "audio" not in kinds or "video" not in kinds:
+            raise BadRequestError("the offer must send audio (the microphone) and receive video (the avatar)")
+        for transceiver in pc.getTransceivers():
+            tune_receiver_latency(transceiver.receiver)
+        pc.addTrack(session.audio)
+        pc.addTrack(session.video)
+        answer = await pc.createAnswer()
+        await pc.setLocalDescription(answer)
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        await asyncio.gather(*(s.close(reason) for s in list(self.sessions.values())))
