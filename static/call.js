@@ -1,0 +1,284 @@
+// lipcast call page: the microphone goes to the server over WebRTC; the avatar's
+// lip-synced video comes back together with the voice, on one <video> element.
+import { API, UserError, deleteSession, getJson, postOffer } from './api.js';
+import { iceGatheringDone, levelMeter, lowLatency, preferCodec } from './rtc.js';
+import { formatStats, summarizeStats } from './stats.js';
+
+const params = new URLSearchParams(location.search);
+const ICE_GATHER_TIMEOUT_MS = 5000;
+const STATS_INTERVAL_MS = 1000;
+
+// Mic processing on by default; ?ec=0&ns=0&agc=0 turns it off (e.g. a test feeding a WAV file).
+const isOff = (name) => ['0', 'false', 'off', 'no'].includes((params.get(name) ?? '').toLowerCase());
+const MIC_CONSTRAINTS = {
+  echoCancellation: !isOff('ec'),
+  noiseSuppression: !isOff('ns'),
+  autoGainControl: !isOff('agc'),
+};
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  start: $('start'), stop: $('stop'), picker: $('avatar-select'), pickerField: $('avatar-field'),
+  video: $('avatar-video'), unmute: $('unmute'), conn: $('conn'), level: $('mic-level'),
+  stats: $('stats'), error: $('error'),
+};
+
+let state = 'idle'; // idle | connecting | connected | failed | closed
+let call = null; // everything the current call owns; null between calls
+let latestStats = null;
+let iceServers = [];
+let avatars = []; // from GET /avatars; empty when the server has no picker
+
+function setState(next) {
+  state = next;
+  document.body.dataset.state = next;
+  const busy = next === 'connecting' || next === 'connected';
+  ui.start.disabled = busy;
+  ui.stop.disabled = !busy;
+  ui.picker.disabled = busy;
+}
+
+function setConn(text, level) {
+  ui.conn.textContent = text;
+  ui.conn.dataset.level = level; // ok | busy | warn | bad | off (colours in style.css)
+}
+
+function showError(message) {
+  ui.error.textContent = message;
+  ui.error.hidden = !message;
+}
+
+// ---- start-up: ICE servers and avatar list (both optional on the server) ----
+
+function fillPicker(data) {
+  avatars = Array.isArray(data?.avatars) ? data.avatars.filter((a) => a && a.name) : [];
+  if (!avatars.length) return; // no /avatars: keep the picker hidden, the server picks the default
+  const wanted = params.get('avatar');
+  if (wanted && !avatars.some((a) => a.name === wanted)) avatars.push({ name: wanted });
+  for (const a of avatars) ui.picker.add(new Option(a.name, a.name));
+  ui.picker.value = wanted || data.default || avatars[0].name;
+  ui.pickerField.hidden = false;
+  showAvatar(currentAvatar());
+}
+
+const currentAvatar = () => avatars.find((a) => a.name === ui.picker.value) ?? null;
+const chosenAvatarName = () => (avatars.length ? ui.picker.value : params.get('avatar')) || null;
+
+/** Poster image and aspect ratio of an avatar, before or during a call. */
+function showAvatar(a) {
+  if (!a) return;
+  if (a.preview_url) ui.video.poster = new URL(a.preview_url, API).href;
+  if (a.width > 0 && a.height > 0) ui.video.style.aspectRatio = `${a.width} / ${a.height}`;
+}
+
+const ready = Promise.all([getJson('config'), getJson('avatars')]).then(([config, list]) => {
+  if (Array.isArray(config?.ice_servers)) {
+    iceServers = config.ice_servers.filter((s) => s && s.urls);
+  }
+  fillPicker(list);
+});
+
+// ---- the call ----
+
+async function start() {
+  if (call) return state;
+  showError('');
+  latestStats = null;
+  setState('connecting');
+  const c = (call = { done: false, abort: new AbortController(), meta: null, metaCount: 0 });
+  try {
+    await ready;
+    await connect(c);
+  } catch (err) {
+    if (!c.done) { // when done, stop() already ended this call and this error is its echo
+      console.error(err);
+      showError(describe(err));
+      teardown(c, 'failed');
+    }
+  }
+  return state;
+}
+
+function stop() {
+  if (call) teardown(call, 'closed');
+  return state;
+}
+
+async function connect(c) {
+  const checkStopped = () => {
+    if (c.done) throw new DOMException('call stopped', 'AbortError');
+  };
+  setConn('requesting microphone…', 'busy');
+  if (!navigator.mediaDevices?.getUserMedia) {
+    throw new UserError('Microphone access needs a secure page: open it over https:// or on localhost.');
+  }
+  const mic = await navigator.mediaDevices.getUserMedia({ audio: MIC_CONSTRAINTS, video: false });
+  if (c.done) mic.getTracks().forEach((t) => t.stop()); // Stop pressed during the permission prompt
+  checkStopped();
+  c.mic = mic;
+  c.meter = levelMeter(mic, (level) => { ui.level.value = level; });
+
+  const pc = (c.pc = new RTCPeerConnection({ iceServers }));
+  pc.addEventListener('iceconnectionstatechange', () => onPeerState(c));
+  pc.addEventListener('connectionstatechange', () => onPeerState(c));
+  pc.addEventListener('track', (ev) => onTrack(c, ev));
+
+  // The client opens the "meta" channel before the offer, so the offer carries SCTP
+  // and the server needs no renegotiation to send per-frame metadata on it.
+  c.dc = pc.createDataChannel('meta', { ordered: true });
+  c.dc.addEventListener('message', (ev) => onMeta(c, ev));
+  c.dc.addEventListener('close', () => {
+    if (!c.done && state === 'connected') {
+      showError('The server ended the session.');
+      teardown(c, 'closed');
+    }
+  });
+
+  pc.addTransceiver(c.mic.getAudioTracks()[0], { direction: 'sendrecv', streams: [c.mic] });
+  const video = pc.addTransceiver('video', { direction: 'recvonly' });
+  preferCodec(video, 'video/VP8');
+  for (const t of pc.getTransceivers()) lowLatency(t.receiver);
+  c.remote = new MediaStream();
+
+  await pc.setLocalDescription(await pc.createOffer());
+  // No trickle ICE: the offer is sent once, with every candidate in it.
+  setConn('gathering network candidates…', 'busy');
+  await iceGatheringDone(pc, ICE_GATHER_TIMEOUT_MS);
+  checkStopped();
+
+  setConn('waiting for the server…', 'busy');
+  const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal);
+  c.sessionId = answer.session_id ?? null;
+  if (c.done) { // stopped while the server was answering: end the session it just made
+    deleteSession(c.sessionId);
+    checkStopped();
+  }
+  c.avatar = answer.avatar ?? null;
+  showAvatar(c.avatar);
+  await pc.setRemoteDescription({ type: 'answer', sdp: answer.sdp });
+  checkStopped();
+  ui.video.srcObject = c.remote;
+  playVideo();
+  onPeerState(c);
+  c.statsTimer = setInterval(() => pollStats(c), STATS_INTERVAL_MS);
+}
+
+function onTrack(c, ev) {
+  // The server may put audio and video in different streams (or none), so both remote
+  // tracks are gathered into one MediaStream: one element plays picture and voice, and the
+  // browser keeps them in sync. (WebAudio alone would be silent on a remote stream.)
+  // Tracks arrive during setRemoteDescription; the element gets the stream right after it.
+  c.remote.addTrack(ev.track);
+}
+
+function playVideo() {
+  ui.video.play().catch((err) => {
+    if (err.name !== 'NotAllowedError') return; // AbortError: a newer load replaced this one
+    // Autoplay with sound was refused (no user gesture, e.g. ?autostart=1): play muted, offer sound.
+    ui.video.muted = true;
+    ui.video.play().catch(() => {});
+    ui.unmute.hidden = false;
+  });
+}
+
+function onPeerState(c) {
+  if (c.done) return;
+  const { pc } = c;
+  const conn = pc.connectionState ?? pc.iceConnectionState; // connectionState is missing in old browsers
+  const level = { connected: 'ok', failed: 'bad', closed: 'off', disconnected: 'warn' }[conn] ?? 'busy';
+  setConn(`ICE ${pc.iceConnectionState} · connection ${conn}`, level);
+  if (conn === 'connected' && state === 'connecting') setState('connected');
+  if (conn === 'failed') {
+    showError('Connection failed: no network path to the server (ICE failed). '
+      + 'A firewall may block UDP; the server may need a TURN server in /config.');
+    teardown(c, 'failed');
+  }
+}
+
+function onMeta(c, ev) {
+  try {
+    const meta = JSON.parse(ev.data);
+    if (meta && typeof meta === 'object') {
+      c.meta = meta;
+      c.metaCount += 1;
+    }
+  } catch {
+    // not JSON: ignore, the channel is informational
+  }
+}
+
+async function pollStats(c) {
+  let report;
+  try {
+    report = await c.pc.getStats();
+  } catch {
+    return;
+  }
+  if (c.done) return;
+  const summary = summarizeStats(report, c.prevStats);
+  c.prevStats = summary;
+  latestStats = {
+    ...summary, micLevel: c.meter?.level() ?? null, meta: c.meta, metaCount: c.metaCount,
+    sessionId: c.sessionId, avatar: c.avatar?.name ?? null,
+  };
+  ui.stats.textContent = formatStats(latestStats);
+}
+
+/** End a call and release everything it holds. Safe to call more than once. */
+function teardown(c, finalState) {
+  if (c.done) return;
+  c.done = true;
+  c.abort.abort();
+  clearInterval(c.statsTimer);
+  c.meter?.close();
+  deleteSession(c.sessionId);
+  try { c.dc?.close(); } catch { /* already closed */ }
+  c.pc?.close();
+  c.mic?.getTracks().forEach((t) => t.stop());
+  if (ui.video.srcObject === c.remote) ui.video.srcObject = null;
+  ui.video.muted = false;
+  ui.unmute.hidden = true;
+  ui.level.value = 0;
+  if (call === c) call = null;
+  setConn(finalState, finalState === 'failed' ? 'bad' : 'off');
+  setState(finalState);
+}
+
+function describe(err) {
+  if (err instanceof UserError) return err.message;
+  switch (err?.name) {
+    case 'NotAllowedError':
+      return 'Microphone permission was denied. Allow microphone access for this page and press Start again.';
+    case 'NotFoundError':
+    case 'OverconstrainedError':
+      return 'No microphone was found.';
+    case 'NotReadableError':
+      return 'The microphone could not be opened (is another application using it?).';
+    default:
+      return `Unexpected error: ${err?.message ?? err}`;
+  }
+}
+
+// ---- wiring ----
+
+ui.start.addEventListener('click', () => start());
+ui.stop.addEventListener('click', () => stop());
+ui.picker.addEventListener('change', () => showAvatar(currentAvatar()));
+ui.unmute.addEventListener('click', () => {
+  ui.video.muted = false;
+  ui.unmute.hidden = true;
+  ui.video.play().catch(() => {});
+});
+// Leaving the page ends the session on the server too.
+window.addEventListener('pagehide', () => stop());
+
+// Test hook for headless browsers: wait on document.body.dataset.state or poll these.
+window.lipcast = {
+  start,
+  stop,
+  state: () => state,
+  stats: () => (latestStats ? { ...latestStats } : null),
+};
+
+setState('idle');
+if (params.get('autostart') === '1') start();
