@@ -84,20 +84,26 @@ const num = (v, digits = 0) => (v === null || v === undefined ? '–' : v.toFixe
 const short = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1));
 
 /**
- * Server metadata from the "meta" data channel, e.g. {frame, audio_ms, stages: {...}}.
- * Shows the frame number and any numeric fields (top level and one level inside `stages`);
- * everything else is ignored so the server may add fields freely.
+ * Server metadata from the "meta" data channel, e.g.
+ * {frame, avatar_frame, audio_ms, speech, late, stages_ms: {features, render}}.
+ * Shows the frame number, other numeric fields, flags that are true, and the numbers one
+ * level inside objects (stages); anything else is ignored, so the server may add fields freely.
  */
 export function formatMeta(meta, maxFields = 8) {
   if (!meta || typeof meta !== 'object') return '';
   const parts = [];
   if (finite(meta.frame) !== null) parts.push(`frame ${meta.frame}`);
+  const nested = [];
   for (const [key, value] of Object.entries(meta)) {
-    if (key !== 'frame' && finite(value) !== null) parts.push(`${key} ${short(value)}`);
+    if (key === 'frame') continue;
+    if (finite(value) !== null) parts.push(`${key} ${short(value)}`);
+    else if (value === true) parts.push(key);
+    else if (value && typeof value === 'object' && !Array.isArray(value)) nested.push([key, value]);
   }
-  if (meta.stages && typeof meta.stages === 'object') {
-    for (const [key, value] of Object.entries(meta.stages)) {
-      if (finite(value) !== null) parts.push(`${key} ${short(value)}`);
+  for (const [group, values] of nested) {
+    const unit = group.endsWith('_ms') ? ' ms' : '';
+    for (const [key, value] of Object.entries(values)) {
+      if (finite(value) !== null) parts.push(`${key} ${short(value)}${unit}`);
     }
   }
   return parts.slice(0, maxFields).join(' · ');
