@@ -1,0 +1,369 @@
+"""The Wav2Lip :class:`~pipeline.backend.LipSyncBackend`.
+
+Per avatar, once (``add_avatar``): face inputs (:mod:`.faces`) go through the BN-folded face encoder and
+the seven skip features of every frame stay on the device, with the frame's original face-box pixels.
+Per batch (``render``): the mel windows are uploaded, the cached features of each item's (avatar, frame)
+are gathered from one global table (so a batch may mix avatars), the audio encoder and the decoder run,
+and the 96x96 faces are pasted back into their boxes on the device (:mod:`.paste`, a feathered lower-face
+blend). Only the box-sized canvases travel back (RGB uint8), never whole frames.
+
+Fixed shapes: every box of every avatar fits a shared canvas (the largest padded box, rounded up to 8 px);
+an item fills its canvas's top-left ``(h, w)`` and the rest is cut off on the host. Adding an avatar with a
+larger box grows the canvas and drops the captured graphs, which are captured again on next use (call
+:meth:`Wav2LipBackend.warmup` after adding avatars to keep that off the live path).
+
+On CUDA: fp16 (default) and channels_last, cuDNN autotuning, a dedicated stream, pinned host buffers and
+one CUDA graph per batch size in ``batch_sizes``, covering audio encoder, decoder and paste; the gathers run
+eagerly before the replay, so tables can be reallocated without recapture. On the CPU: fp32, the same code
+without graphs. On CUDA the constructor sets ``torch.backends.cudnn.benchmark`` (process-wide).
+Memory: the cached features are 290,816 values per avatar frame (0.58 MB in fp16).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+
+from pipeline.avatar import Avatar, UnknownAvatarError
+from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.wav2lip.checkpoint import load_wav2lip
+from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
+from pipeline.wav2lip.featurizer import (
+    CONDITIONING_SHAPE,
+    INFERENCE_ALIGNMENT,
+    Wav2LipFeaturizer,
+)
+from pipeline.wav2lip.fold import fold_batchnorm
+from pipeline.wav2lip.model import N_FACE_FEATURES
+from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+FACE_ENCODE_BATCH = 32  # avatar frames per face-encoder call in add_avatar
+CANVAS_MULTIPLE_PX = 8
+CAPTURE_WARMUP_ITERS = 3  # eager runs on the capture stream before a graph capture (cuDNN autotuning)
+Checkpoint = str | PathLike[str] | Mapping[str, torch.Tensor] | None
+
+
+@dataclass
+class _AvatarEntry:
+    offset: int  # first row in the global tables
+    count: int
+    boxes: npt.NDArray[np.int32]  # (T, 4) padded x1, y1, x2, y2
+
+
+@dataclass
+class _Bucket:
+    """Static buffers (and, on CUDA, the graph) of one batch size."""
+
+    mel_host: torch.Tensor  # (N, 1, 80, 16) float32, pinned
+    rows_host: torch.Tensor  # (N,) int64, pinned
+    mel: torch.Tensor  # (N, 1, 80, 16) float32, device
+    rows: torch.Tensor  # (N,) int64, device
+    feats: list[torch.Tensor]  # 7 x (N, C, H, W), device
+    base: torch.Tensor  # (N, 3, Hc, Wc) uint8, device
+    box_hw: torch.Tensor  # (N, 2) float32, device
+    out: torch.Tensor  # (N, Hc, Wc, 3) uint8, device (the graph's output)
+    out_host: torch.Tensor  # (N, Hc, Wc, 3) uint8, pinned
+    graph: torch.cuda.CUDAGraph
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class Wav2LipBackend:
+    """Wav2Lip rendering with cached face features and on-device compositing."""
+
+    name = "wav2lip"
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        face_pads: Sequence[int] = DEFAULT_FACE_PADS,
+        fps: int = 25,
+        window_offset_frames: int = INFERENCE_ALIGNMENT,
+        feather_px: float = DEFAULT_FEATHER_PX,
+        mask_top_fraction: float = DEFAULT_MASK_TOP_FRACTION,
+        cuda_graphs: bool = True,
+    ) -> None:
+        """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
+
+        ``dtype`` None means float16 on CUDA and float32 elsewhere.
+        """
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self.dtype = dtype or (torch.float16 if self._cuda else torch.float32)
+        self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self.face_pads = tuple(face_pads)
+        self.fps = fps
+        self.window_offset_frames = window_offset_frames
+        self._lookahead_samples = Wav2LipFeaturizer(fps, window_offset_frames).lookahead_samples
+        self.memory_format = torch.channels_last if self._cuda else torch.contiguous_format
+        self._use_graphs = self._cuda and cuda_graphs
+        if self._cuda:
+            torch.backends.cudnn.benchmark = True
+        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        model = fold_batchnorm(load_wav2lip(checkpoint, map_location="cpu"))
+        # torch accepts memory_format here; its type stubs omit it.
+        self.model = model.to(self.device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
+        self.model.requires_grad_(False)
+        self._mask = face_mask(feather_px, mask_top_fraction, device=self.device)
+        self._avatars: dict[str, _AvatarEntry] = {}
+        self._feats: list[torch.Tensor] = []  # 7 x (F, C, H, W) over all avatar frames
+        self._base = torch.empty(0, 3, 0, 0, dtype=torch.uint8, device=self.device)
+        self._box_hw = torch.empty(0, 2, dtype=torch.float32, device=self.device)
+        self._canvas_hw = (0, 0)
+        self._buckets: dict[int, _Bucket] = {}
+        # The engine calls everything from its worker thread; the lock keeps a stray add_avatar from
+        # another thread from swapping the tables under a render.
+        self._lock = threading.RLock()
+
+    # -- seam properties -----------------------------------------------------------------------------------
+
+    @property
+    def conditioning_shape(self) -> tuple[int, ...]:
+        return CONDITIONING_SHAPE
+
+    @property
+    def lookahead_ms(self) -> float:
+        return self._lookahead_samples * 1000.0 / 16_000
+
+    def new_featurizer(self) -> Wav2LipFeaturizer:
+        return Wav2LipFeaturizer(self.fps, self.window_offset_frames)
+
+    # -- avatars -------------------------------------------------------------------------------------------
+
+    def add_avatar(self, avatar: Avatar) -> None:
+        """Encode every frame's face once and keep the features and face-box pixels on the device."""
+        with self._lock, torch.no_grad():
+            self._add_avatar(avatar)
+
+    def _add_avatar(self, avatar: Avatar) -> None:
+        if avatar.name in self._avatars:
+            self._remove_avatar(avatar.name)
+        inputs, boxes = prepare_face_inputs(avatar, self.face_pads)
+        heights, widths = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
+        canvas_hw = (
+            max(self._canvas_hw[0], _round_up(int(heights.max()), CANVAS_MULTIPLE_PX)),
+            max(self._canvas_hw[1], _round_up(int(widths.max()), CANVAS_MULTIPLE_PX)),
+        )
+        base = np.zeros((avatar.frame_count, *canvas_hw, 3), dtype=np.uint8)
+        for i, (x1, y1, x2, y2) in enumerate(boxes):
+            base[i, : y2 - y1, : x2 - x1] = avatar.frames[i, y1:y2, x1:x2]
+        with self._on_stream():
+            feats = self._encode_faces(inputs)
+            base_t = torch.from_numpy(base).to(self.device).permute(0, 3, 1, 2).contiguous()
+            hw = torch.from_numpy(np.stack((heights, widths), axis=1).astype(np.float32))
+            if canvas_hw != self._canvas_hw:
+                pad = (0, canvas_hw[1] - self._base.shape[3], 0, canvas_hw[0] - self._base.shape[2])
+                self._base = F.pad(self._base, pad)
+                self._canvas_hw = canvas_hw
+                self._buckets.clear()  # static buffers have the old canvas size
+                logger.info("wav2lip canvas is now %dx%d px", canvas_hw[1], canvas_hw[0])
+            offset = int(self._box_hw.shape[0])
+            self._feats = (
+                feats
+                if not self._feats
+                else [torch.cat((old, new)) for old, new in zip(self._feats, feats, strict=True)]
+            )
+            self._base = torch.cat((self._base, base_t))
+            self._box_hw = torch.cat((self._box_hw, hw.to(self.device)))
+        self._sync()
+        self._avatars[avatar.name] = _AvatarEntry(offset, avatar.frame_count, boxes)
+        logger.info("wav2lip avatar %r: %d frames encoded", avatar.name, avatar.frame_count)
+
+    def _encode_faces(self, inputs: npt.NDArray[np.float32]) -> list[torch.Tensor]:
+        chunks: list[list[torch.Tensor]] = [[] for _ in range(N_FACE_FEATURES)]
+        for start in range(0, inputs.shape[0], FACE_ENCODE_BATCH):
+            x = torch.from_numpy(inputs[start : start + FACE_ENCODE_BATCH]).to(self.device)
+            x = x.to(self.dtype).contiguous(memory_format=self.memory_format)
+            for level, feat in enumerate(self.model.encode_face(x)):
+                chunks[level].append(feat)
+        return [torch.cat(c).contiguous(memory_format=self.memory_format) for c in chunks]
+
+    def remove_avatar(self, name: str) -> None:
+        with self._lock, torch.no_grad():
+            self._remove_avatar(name)
+
+    def _remove_avatar(self, name: str) -> None:
+        entry = self._avatars.pop(name, None)
+        if entry is None:
+            raise UnknownAvatarError(f"wav2lip backend has no avatar {name!r}")
+        total = int(self._box_hw.shape[0])
+        keep = torch.cat((torch.arange(entry.offset), torch.arange(entry.offset + entry.count, total))).to(
+            self.device
+        )
+        with self._on_stream():
+            self._feats = [t.index_select(0, keep) for t in self._feats]
+            self._base = self._base.index_select(0, keep)
+            self._box_hw = self._box_hw.index_select(0, keep)
+        self._sync()
+        for other in self._avatars.values():
+            if other.offset > entry.offset:
+                other.offset -= entry.count
+
+    # -- rendering -----------------------------------------------------------------------------------------
+
+    def _compute(
+        self,
+        mel: torch.Tensor,
+        feats: Sequence[torch.Tensor],
+        base: torch.Tensor,
+        box_hw: torch.Tensor,
+    ) -> torch.Tensor:
+        """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases."""
+        audio = mel.to(self.dtype).contiguous(memory_format=self.memory_format)
+        face = self.model.decode(self.model.encode_audio(audio), feats)
+        return paste_faces(face, base, box_hw, self._mask)
+
+    def _rows(self, items: Sequence[RenderItem]) -> tuple[npt.NDArray[np.int64], list[_AvatarEntry]]:
+        rows = np.empty(len(items), dtype=np.int64)
+        entries = []
+        for i, item in enumerate(items):
+            entry = self._avatars.get(item.avatar)
+            if entry is None:
+                raise UnknownAvatarError(f"wav2lip backend has no avatar {item.avatar!r}")
+            if not 0 <= item.frame_index < entry.count:
+                raise IndexError(f"avatar {item.avatar!r} has no frame {item.frame_index}")
+            if item.conditioning.shape != CONDITIONING_SHAPE:
+                raise ValueError(f"conditioning must be {CONDITIONING_SHAPE}, got {item.conditioning.shape}")
+            rows[i] = entry.offset + item.frame_index
+            entries.append(entry)
+        return rows, entries
+
+    def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
+        """Render a batch; returns one RGB uint8 patch of the padded face box per item, in order."""
+        if not items:
+            return []
+        with self._lock, torch.no_grad():
+            return self._render(items)
+
+    def _render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
+        rows, entries = self._rows(items)
+        mels = np.stack([item.conditioning for item in items]).astype(np.float32, copy=False)
+        if self._use_graphs and len(items) in self.batch_sizes:
+            canvases = self._render_graph(rows, mels)
+        else:
+            canvases = self._render_eager(rows, mels)
+        patches = []
+        for canvas, item, entry in zip(canvases, items, entries, strict=True):
+            x1, y1, x2, y2 = (int(v) for v in entry.boxes[item.frame_index])
+            pixels = np.array(canvas[: y2 - y1, : x2 - x1], copy=True)
+            patches.append(RenderedPatch(pixels, top=y1, left=x1))
+        return patches
+
+    def _render_eager(
+        self, rows: npt.NDArray[np.int64], mels: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.uint8]:
+        with self._on_stream():
+            index = torch.from_numpy(rows).to(self.device)
+            mel = torch.from_numpy(mels).to(self.device)[:, None]
+            feats = [t.index_select(0, index) for t in self._feats]
+            out = self._compute(
+                mel, feats, self._base.index_select(0, index), self._box_hw.index_select(0, index)
+            )
+            result = out.cpu().numpy()
+        return result
+
+    def _render_graph(
+        self, rows: npt.NDArray[np.int64], mels: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.uint8]:
+        stream = self._stream
+        if stream is None:
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        bucket = self._buckets.get(len(rows)) or self._capture(len(rows))
+        bucket.mel_host.copy_(torch.from_numpy(mels)[:, None])
+        bucket.rows_host.copy_(torch.from_numpy(rows))
+        with torch.cuda.stream(stream):
+            bucket.mel.copy_(bucket.mel_host, non_blocking=True)
+            bucket.rows.copy_(bucket.rows_host, non_blocking=True)
+            self._gather(bucket)
+            bucket.graph.replay()
+            bucket.out_host.copy_(bucket.out, non_blocking=True)
+        stream.synchronize()  # also guards the pinned buffers against the next render's writes
+        return bucket.out_host.numpy()
+
+    def _gather(self, bucket: _Bucket) -> None:
+        """Copy the rows' cached features, face-box pixels and sizes into the static buffers."""
+        for static, table in zip(bucket.feats, self._feats, strict=True):
+            static.copy_(table.index_select(0, bucket.rows))
+        bucket.base.copy_(self._base.index_select(0, bucket.rows))
+        bucket.box_hw.copy_(self._box_hw.index_select(0, bucket.rows))
+
+    def _capture(self, size: int) -> _Bucket:
+        """Allocate one batch size's static buffers and capture its CUDA graph."""
+        if not self._avatars or self._stream is None:
+            raise RuntimeError("add an avatar before rendering")
+        dev, mf = self.device, self.memory_format
+        canvas_h, canvas_w = self._canvas_hw
+        feats = [
+            torch.zeros(size, *t.shape[1:], dtype=self.dtype, device=dev).contiguous(memory_format=mf)
+            for t in self._feats
+        ]
+        mel = torch.zeros(size, 1, *CONDITIONING_SHAPE, device=dev)
+        base = torch.zeros(size, 3, canvas_h, canvas_w, dtype=torch.uint8, device=dev)
+        box_hw = torch.ones(size, 2, device=dev)
+        self._stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self._stream):
+            for _ in range(CAPTURE_WARMUP_ITERS):
+                self._compute(mel, feats, base, box_hw)
+        self._stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
+            out = self._compute(mel, feats, base, box_hw)
+        bucket = _Bucket(
+            mel_host=torch.zeros(mel.shape, pin_memory=True),
+            rows_host=torch.zeros(size, dtype=torch.int64, pin_memory=True),
+            mel=mel,
+            rows=torch.zeros(size, dtype=torch.int64, device=dev),
+            feats=feats,
+            base=base,
+            box_hw=box_hw,
+            out=out,
+            out_host=torch.zeros(out.shape, dtype=torch.uint8, pin_memory=True),
+            graph=graph,
+        )
+        self._buckets[size] = bucket
+        logger.info("wav2lip: captured the CUDA graph of batch %d", size)
+        return bucket
+
+    def warmup(self) -> dict[int, float]:
+        """Render every batch size once (autotuning, graph capture), then time it. Returns ms per size."""
+        if not self._avatars:
+            raise RuntimeError("add an avatar before warming up the wav2lip backend")
+        name, entry = next(iter(self._avatars.items()))
+        silence = np.full(CONDITIONING_SHAPE, -4.0, dtype=np.float32)
+        timings: dict[int, float] = {}
+        for size in self.batch_sizes:
+            items = [RenderItem(name, i % entry.count, silence) for i in range(size)]
+            self.render(items)
+            start_s = time.perf_counter()
+            self.render(items)
+            timings[size] = (time.perf_counter() - start_s) * 1000.0
+        logger.info("wav2lip warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
+        return timings
+
+    # -- streams -------------------------------------------------------------------------------------------
+
+    def _on_stream(self) -> torch.cuda.StreamContext:
+        """The dedicated stream on CUDA; a no-op context elsewhere."""
+        return torch.cuda.stream(self._stream)
+
+    def _sync(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
