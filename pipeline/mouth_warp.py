@@ -24,6 +24,7 @@ no seam, and ``params == 0`` reproduces the ROI.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -83,8 +84,12 @@ def lip_line_y(geometry: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return corner_mid_y + (right_y - left_y) / 2.0 * u + (lip_y - corner_mid_y) * (1.0 - u_inside**2)
 
 
+@lru_cache(maxsize=32)
 def border_taper(height: int, width: int, device: torch.device) -> torch.Tensor:
-    """``(1, H, W)``: 0 within :data:`BORDER_PX` of the border, 1 from :data:`BORDER_RAMP_PX` further in."""
+    """``(1, H, W)``: 0 within :data:`BORDER_PX` of the border, 1 from :data:`BORDER_RAMP_PX` further in.
+
+    Cached per size and device: callers must not modify it.
+    """
     ys = torch.arange(height, device=device, dtype=torch.float32)
     xs = torch.arange(width, device=device, dtype=torch.float32)
     inner = BORDER_PX + BORDER_RAMP_PX
@@ -159,12 +164,16 @@ def smoothstep_tensor(edge0: torch.Tensor, edge1: torch.Tensor, x: torch.Tensor)
     return t * t * (3.0 - 2.0 * t)
 
 
+@lru_cache(maxsize=8)
+def _palette(device: torch.device) -> torch.Tensor:
+    """``(3, 1, 3, 1, 1)``: cavity top, cavity bottom and lower-teeth colours (cached per device)."""
+    colours = (CAVITY_TOP_RGB, CAVITY_BOTTOM_RGB, LOWER_TEETH_RGB)
+    return torch.tensor(colours, device=device)[:, None, :, None, None]
+
+
 def paint_interior(fields: MouthFields, params: torch.Tensor) -> torch.Tensor:
     """Colour of the mouth interior, ``(B, 3, H, W)`` in [0, 255] (meaningful where ``gap_alpha > 0``)."""
-    device = params.device
-    top = torch.tensor(CAVITY_TOP_RGB, device=device)[None, :, None, None]
-    bottom = torch.tensor(CAVITY_BOTTOM_RGB, device=device)[None, :, None, None]
-    teeth = torch.tensor(LOWER_TEETH_RGB, device=device)[None, :, None, None]
+    top, bottom, teeth = _palette(params.device)
     depth = fields.gap_depth[:, None]
     side = fields.gap_u[:, None].abs()
     colour = (top + (bottom - top) * depth) * (1.0 - CAVITY_CORNER_DARKENING * side**2)
