@@ -229,8 +229,9 @@ class SessionManager:
         pc = session.pc
         try:
             await pc.setRemoteDescription(offer)
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise BadRequestError(f"malformed SDP offer: {e}") from e
+        except Exception as e:  # aiortc's parser raises ValueError, AssertionError, KeyError, ...
+            detail = str(e) or type(e).__name__
+            raise BadRequestError(f"malformed SDP offer: {detail}") from e
         kinds = {t.kind for t in pc.getTransceivers()}
         if "audio" not in kinds or "video" not in kinds:
             raise BadRequestError("the offer must send audio (the microphone) and receive video (the avatar)")

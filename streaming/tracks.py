@@ -118,14 +118,20 @@ class AvatarVideoTrack(MediaStreamTrack):
 
 
 class AvatarAudioTrack(MediaStreamTrack):
+    """Sends each tick's audio as 20 ms frames: aiortc puts every frame it is given into one RTP timestamp,
+    and an Opus packet is 20 ms, so a 40 ms frame would become two packets the receiver cannot tell apart."""
+
     kind = "audio"
+    FRAME_MS = 20
 
     def __init__(self, stream: AvatarStream) -> None:
         super().__init__()
         self.stream = stream
         self.sent = 0
         self.lost_ticks = 0
-        self._next = 0
+        self._next = 0  # in 20 ms frames
+        self._per_tick = round(stream.grid.frame_ms / self.FRAME_MS)
+        self._tick_audio: npt.NDArray[np.int16] | None = None
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -135,23 +141,30 @@ class AvatarAudioTrack(MediaStreamTrack):
         if stream.closed:
             self.stop()
             raise MediaStreamError
-        index = self._next
-        await stream.clock.sleep_until(stream.present_time(index))
-        tick = await stream.get(index)
-        self._next = index + 1
-        if stream.closed or self.readyState != "live":
-            self.stop()
-            raise MediaStreamError
-        if tick is None:
-            # Only possible if this sender stalled for longer than the stream keeps ticks; send silence so
-            # the timeline stays continuous, and count it.
-            self.lost_ticks += 1
-            samples = np.zeros(stream.samples_per_tick, np.int16)
-        else:
-            samples = tick.audio
-        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        tick_index, part = divmod(self._next, self._per_tick)
+        await stream.clock.sleep_until(stream.present_time(tick_index) + part * self.FRAME_MS / 1000.0)
+        if part == 0:
+            tick = await stream.get(tick_index)
+            if stream.closed or self.readyState != "live":
+                self.stop()
+                raise MediaStreamError
+            if tick is None:
+                # Only possible if this sender stalled for longer than the stream keeps ticks; send silence
+                # so the timeline stays continuous, and count it.
+                self.lost_ticks += 1
+                self._tick_audio = np.zeros(stream.samples_per_tick, np.int16)
+            else:
+                self._tick_audio = tick.audio
+        assert self._tick_audio is not None
+        size = len(self._tick_audio) // self._per_tick
+        samples = self._tick_audio[part * size : (part + 1) * size]
+        # Stereo with both channels equal: aiortc's Opus encoder upmixes mono at -3 dB, the caller's voice
+        # should come back at the level it went in.
+        interleaved = np.repeat(samples, 2).reshape(1, -1)
+        frame = AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
         frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
-        frame.pts = index * stream.samples_per_tick
+        frame.pts = self._next * size
         frame.time_base = AUDIO_TIME_BASE
+        self._next += 1
         self.sent += 1
         return frame

@@ -47,8 +47,9 @@ class FakeClock:
                 await asyncio.sleep(0)
 
 
-def voiced_burst(duration_s: float, f0_hz: float = 140.0, level: float = 0.3,
-                 rate_hz: int = SAMPLE_RATE_HZ, seed: int = 0) -> npt.NDArray[np.float32]:
+def voiced_burst(
+    duration_s: float, f0_hz: float = 140.0, level: float = 0.3, rate_hz: int = SAMPLE_RATE_HZ, seed: int = 0
+) -> npt.NDArray[np.float32]:
     """A vowel-like sound: harmonics of ``f0_hz`` shaped by two formant peaks, with a soft envelope."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(duration_s * rate_hz)) / rate_hz
@@ -64,8 +65,12 @@ def voiced_burst(duration_s: float, f0_hz: float = 140.0, level: float = 0.3,
     return (level * signal).astype(np.float32)
 
 
-def speech_pattern(pattern: Sequence[tuple[str, float]], rate_hz: int = SAMPLE_RATE_HZ,
-                   noise_level: float = 0.0005, seed: int = 1) -> npt.NDArray[np.float32]:
+def speech_pattern(
+    pattern: Sequence[tuple[str, float]],
+    rate_hz: int = SAMPLE_RATE_HZ,
+    noise_level: float = 0.0005,
+    seed: int = 1,
+) -> npt.NDArray[np.float32]:
     """Concatenate ("speech"|"silence", seconds) segments; silence carries a faint noise floor."""
     rng = np.random.default_rng(seed)
     parts = []
@@ -97,7 +102,7 @@ class LevelFeaturizer:
         return self._lookahead
 
     def push(self, hop: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        self._history = np.concatenate([self._history, hop])[-(len(hop) + self._lookahead):]
+        self._history = np.concatenate([self._history, hop])[-(len(hop) + self._lookahead) :]
         own = self._history[: len(hop)] if self._lookahead else hop
         return np.array([float(np.sqrt(np.mean(own.astype(np.float64) ** 2)))], np.float32)
 

@@ -39,7 +39,12 @@ def make_stream(renderer, lookahead_samples: int = 0, frames: int = 1, clock=Non
     clock = clock or FakeClock()
     buffer = InputAudioBuffer(48_000, target_ms=40)
     stream = AvatarStream(
-        "s1", tiny_avatar(frames=frames), LevelFeaturizer(lookahead_samples), renderer, buffer, clock,
+        "s1",
+        tiny_avatar(frames=frames),
+        LevelFeaturizer(lookahead_samples),
+        renderer,
+        buffer,
+        clock,
         render_budget_ms=40,
     )
     return stream, buffer, clock
@@ -62,11 +67,12 @@ async def test_audio_leaves_in_order_delayed_by_exactly_the_lookahead() -> None:
         buffer.push(audio[i : i + 960], speech=True)
     stream.start()
     track = AvatarAudioTrack(stream)
-    task = asyncio.create_task(collect(track, 20))
+    task = asyncio.create_task(collect(track, 40))
     await clock.advance(20 * 0.04 + 0.1)
     frames = await task
-    out = np.concatenate([f.to_ndarray().reshape(-1) for f in frames])
-    assert [f.pts for f in frames] == [k * TICK for k in range(20)]
+    out = np.concatenate([f.to_ndarray().reshape(-1)[::2] for f in frames])
+    assert [f.samples for f in frames] == [960] * 40  # one Opus packet per frame
+    assert [f.pts for f in frames] == [k * 960 for k in range(40)]
     delay = lookahead * 3 + DECIMATOR_DELAY_48K
     assert stream.delay_ms == pytest.approx(delay / 48)
     np.testing.assert_array_equal(out[:delay], 0)

@@ -1,0 +1,1 @@
+"""``lipcast probe``: a WebRTC client that measures a lipcast server from the outside."""

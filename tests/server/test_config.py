@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.avatar import BUILTIN_AVATAR_DIR
+from server.config import Settings, parse_settings
+
+
+def test_defaults_serve_the_builtin_avatar_on_loopback() -> None:
+    s = parse_settings([], env={})
+    assert (s.host, s.port, s.backend, s.avatar) == ("127.0.0.1", 8080, "builtin", "astronaut")
+    assert s.ice_servers == ()
+    assert s.avatar_dirs == (BUILTIN_AVATAR_DIR,)
+
+
+def test_flags_beat_environment_beats_defaults() -> None:
+    env = {"LIPCAST_PORT": "9000", "LIPCAST_MAX_SESSIONS": "7", "LIPCAST_JITTER_BUFFER_MS": "30"}
+    s = parse_settings(["--port", "9100"], env=env)
+    assert s.port == 9100 and s.max_sessions == 7 and s.jitter_buffer_ms == 30.0
+
+
+def test_ice_servers_from_flags_and_env() -> None:
+    s = parse_settings(
+        [
+            "--ice-server",
+            "stun:stun.example.org:3478",
+            "--ice-server",
+            "turn:turn.example.org:3478",
+            "--ice-username",
+            "u",
+            "--ice-credential",
+            "p",
+        ],
+        env={},
+    )
+    assert [x.to_json() for x in s.ice_servers] == [
+        {"urls": ["stun:stun.example.org:3478"]},
+        {"urls": ["turn:turn.example.org:3478"], "username": "u", "credential": "p"},
+    ]
+    env = {"LIPCAST_ICE_SERVERS": "stun:a:1,stun:b:2"}
+    assert len(parse_settings([], env=env).ice_servers) == 2
+
+
+def test_avatar_dirs_and_batch_sizes() -> None:
+    s = parse_settings(["--avatar-dir", "/tmp/a", "--batch-sizes", "4,1,2,2"], env={})
+    assert s.avatar_dirs == (Path("/tmp/a"), BUILTIN_AVATAR_DIR)
+    assert s.batch_sizes == (1, 2, 4)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"port": 0}, "port"),
+        ({"backend": "wav2lip"}, "checkpoint"),
+        ({"backend": "nope"}, "backend"),
+        ({"max_sessions": 0}, "max_sessions"),
+        ({"vad_aggressiveness": 5}, "vad"),
+    ],
+)
+def test_invalid_settings_are_refused_with_a_reason(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**changes)
+
+
+def test_bad_ice_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="ICE server URL"):
+        parse_settings(["--ice-server", "http://x"], env={})
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Settings().port = 1  # type: ignore[misc]
