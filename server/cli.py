@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from server.config import build_parser, settings_from
+from server.probe.cli import add_arguments as add_probe_arguments
+from streaming.rtc import restrict_host_addresses
 
 logger = logging.getLogger("lipcast")
 
@@ -32,9 +34,18 @@ def serve(args: argparse.Namespace) -> int:
         print(f"lipcast serve: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    if settings.ice_addresses:
+        restrict_host_addresses(settings.ice_addresses)
     logger.info("lipcast on http://%s:%d (backend %s)", settings.host, settings.port, settings.backend)
     web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None)
     return 0
+
+
+def probe(args: argparse.Namespace) -> int:
+    from server.probe.cli import main as probe_main
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return probe_main(args)
 
 
 def build_cli() -> argparse.ArgumentParser:
@@ -42,6 +53,9 @@ def build_cli() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     serve_parser = commands.add_parser("serve", parents=[build_parser()], help="run the server")
     serve_parser.set_defaults(handler=serve)
+    probe_parser = commands.add_parser("probe", help="measure a running server from outside")
+    add_probe_arguments(probe_parser)
+    probe_parser.set_defaults(handler=probe)
     return parser
 
 

@@ -40,6 +40,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     ice_servers: tuple[IceServer, ...] = ()
+    ice_addresses: tuple[str, ...] = ()  # empty: every interface's addresses
     max_sessions: int = 4
     backend: str = "builtin"
     checkpoint: Path | None = None
@@ -53,6 +54,11 @@ class Settings:
     vad_aggressiveness: int = 2
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     connect_timeout_s: float = 30.0
+    auth_token: str | None = field(default=None, repr=False)  # Bearer token for WHIP, WHEP and /offer
+    max_viewers: int = 8  # WHEP viewers per session
+    viewer_bitrate_kbps: int = 1500  # the shared viewer encoder's fixed VP8 target
+    virtualcam: bool = False
+    virtualcam_device: str | None = None  # None: the first v4l2loopback device
     static_dir: Path = field(default=PROJECT_ROOT / "static")
     log_level: str = "INFO"
 
@@ -76,6 +82,12 @@ class Settings:
             problems.append("lookahead_ms must be >= 0")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")
+        if self.max_viewers < 0:
+            problems.append("max_viewers must be >= 0")
+        if not 100 <= self.viewer_bitrate_kbps <= 20_000:
+            problems.append("viewer_bitrate_kbps must be 100..20000")
+        if self.auth_token is not None and not self.auth_token.strip():
+            problems.append("auth_token must not be blank")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -106,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="ice_servers",
         metavar="URL",
         help="STUN/TURN URL, repeatable (env LIPCAST_ICE_SERVERS, comma-separated)",
+    )
+    p.add_argument(
+        "--ice-address",
+        action="append",
+        dest="ice_addresses",
+        metavar="ADDR",
+        help="offer only this local address as an ICE host candidate, repeatable "
+        "(env LIPCAST_ICE_ADDRESSES, comma-separated)",
     )
     p.add_argument("--ice-username", help="TURN username (env LIPCAST_ICE_USERNAME)")
     p.add_argument("--ice-credential", help="TURN credential (env LIPCAST_ICE_CREDENTIAL)")
@@ -146,7 +166,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-sizes", help="engine batch buckets, e.g. 1,2,4,8 (env LIPCAST_BATCH_SIZES)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (env LIPCAST_LOG_LEVEL)")
+    p.add_argument(
+        "--auth-token",
+        help="require 'Authorization: Bearer TOKEN' on WHIP, WHEP and /offer (env LIPCAST_AUTH_TOKEN)",
+    )
+    p.add_argument("--max-viewers", type=int, help="WHEP viewers per session (env LIPCAST_MAX_VIEWERS)")
+    p.add_argument(
+        "--viewer-bitrate-kbps",
+        type=int,
+        help="fixed VP8 bitrate of the viewers' shared encoder (env LIPCAST_VIEWER_BITRATE_KBPS)",
+    )
+    p.add_argument(
+        "--virtualcam",
+        action="store_true",
+        default=None,
+        help="send the newest session's video to a virtual camera (needs lipcast[virtualcam]; "
+        "env LIPCAST_VIRTUALCAM=1)",
+    )
+    p.add_argument(
+        "--virtualcam-device",
+        metavar="PATH",
+        help="v4l2loopback device, e.g. /dev/video10 (env LIPCAST_VIRTUALCAM_DEVICE)",
+    )
     return p
+
+
+def _flag(raw: str | bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a yes/no value: {raw!r}")
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
@@ -167,12 +220,15 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "jitter_buffer_ms": float,
         "render_budget_ms": float,
         "connect_timeout_s": float,
+        "max_viewers": int,
+        "viewer_bitrate_kbps": int,
+        "virtualcam": _flag,
         "checkpoint": Path,
         "static_dir": Path,
     }
     values: dict[str, Any] = {}
     for f in fields(Settings):
-        if f.name in ("ice_servers", "avatar_dirs", "batch_sizes"):
+        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes"):
             continue
         flag = getattr(args, f.name, None)
         raw: Any = flag if flag is not None else _env(env, f.name.upper())
@@ -187,6 +243,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     username = args.ice_username or _env(env, "ICE_USERNAME")
     credential = args.ice_credential or _env(env, "ICE_CREDENTIAL")
     values["ice_servers"] = _ice_servers(urls, username, credential)
+    addresses = args.ice_addresses or (_env(env, "ICE_ADDRESSES") or "").split(",")
+    values["ice_addresses"] = tuple(a.strip() for a in addresses if a.strip())
 
     extra_dirs = args.avatar_dirs or [Path(p) for p in (_env(env, "AVATAR_DIRS") or "").split(":") if p]
     values["avatar_dirs"] = (*extra_dirs, *defaults.avatar_dirs)

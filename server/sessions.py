@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import secrets
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from streaming.vad import SpeechDetector
 logger = logging.getLogger(__name__)
 
 META_CHANNEL_LABEL = "meta"
+META_BACKLOG = 250  # frames of metadata kept until the channel opens (10 s at 25 fps)
 RETRY_AFTER_S = 10
 
 
@@ -67,6 +69,7 @@ class Session:
         self.audio = AvatarAudioTrack(stream)
         self.ingest: AudioIngest | None = None
         self.meta_channel: RTCDataChannel | None = None
+        self._meta_backlog: deque[str] = deque(maxlen=META_BACKLOG)
         self.closed = asyncio.Event()
         self._closing = False
         self._connect_timer: asyncio.TimerHandle | None = None
@@ -103,9 +106,15 @@ class Session:
             self._connect_timer = None
 
     def _send_meta(self, meta: FrameMeta) -> None:
+        """Send a frame's metadata; frames sent before the channel opened follow in order once it does."""
+        message = json.dumps(meta.to_json(), separators=(",", ":"))
         channel = self.meta_channel
-        if channel is not None and channel.readyState == "open":
-            channel.send(json.dumps(meta.to_json(), separators=(",", ":")))
+        if channel is None or channel.readyState != "open":
+            self._meta_backlog.append(message)
+            return
+        while self._meta_backlog:
+            channel.send(self._meta_backlog.popleft())
+        channel.send(message)
 
     def schedule_close(self, reason: str) -> None:
         """Close from a callback (keeps a reference to the task)."""

@@ -231,6 +231,7 @@ class FrameMeta:
     avatar_frame: int
     input_pos_ms: float | None
     speech: bool
+    active: bool  # the lip-sync backend rendered this frame (False: the avatar at rest)
     mouth: list[float]
     late: bool
     stages_ms: dict[str, float] = field(default_factory=dict)
@@ -241,6 +242,7 @@ class FrameMeta:
             "avatar_frame": self.avatar_frame,
             "audio_ms": self.input_pos_ms,
             "speech": self.speech,
+            "active": self.active,
             "mouth": self.mouth,
             "late": self.late,
             "stages_ms": self.stages_ms,

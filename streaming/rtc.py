@@ -1,4 +1,4 @@
-"""Small, deliberate adjustments to aiortc for latency.
+"""Small, deliberate adjustments to aiortc: receive latency, and which addresses ICE offers.
 
 aiortc's audio receiver holds 4 Opus packets (about 80 ms) in its jitter buffer before it decodes the first
 one. lipcast has its own inbound jitter buffer (:mod:`streaming.audio_buffer`) sized in milliseconds, so the
@@ -9,7 +9,9 @@ attribute; if a future aiortc renames it the function logs and leaves the receiv
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+import aioice.ice
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer
 
@@ -33,3 +35,17 @@ def tune_receiver_latency(receiver: RTCRtpReceiver) -> bool:
         JitterBuffer(capacity=AUDIO_JITTER_CAPACITY_PACKETS, prefetch=AUDIO_PREFETCH_PACKETS),
     )
     return True
+
+
+def restrict_host_addresses(addresses: Sequence[str]) -> None:
+    """Offer only ``addresses`` as ICE host candidates (process-wide).
+
+    For multi-homed servers (offer the public interface only) and for tests and measurements that must stay
+    on loopback: aioice never offers 127.0.0.1 by itself.
+    """
+    chosen = list(addresses)
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses

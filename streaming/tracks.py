@@ -54,6 +54,10 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._next = 0
         self._last: npt.NDArray[np.uint8] | None = None
 
+    def start_at(self, index: int) -> None:
+        """Join a running stream at tick ``index`` instead of tick 0 (a viewer arriving late)."""
+        self._next = index
+
     async def recv(self) -> VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
@@ -111,6 +115,7 @@ class AvatarVideoTrack(MediaStreamTrack):
                 None if tick.input_pos is None else tick.input_pos * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
             ),
             speech=tick.speech,
+            active=tick.patch is not None,
             mouth=[round(float(v), 4) for v in tick.conditioning.reshape(-1)[:3]],
             late=late,
             stages_ms=stages,
@@ -132,6 +137,11 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._next = 0  # in 20 ms frames
         self._per_tick = round(stream.grid.frame_ms / self.FRAME_MS)
         self._tick_audio: npt.NDArray[np.int16] | None = None
+
+    def start_at(self, tick_index: int) -> None:
+        """Join a running stream at tick ``tick_index`` instead of tick 0, so a late listener does not get a
+        burst of old audio; call before the first ``recv``."""
+        self._next = tick_index * self._per_tick
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":

@@ -16,6 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
+from streaming.rtc import tune_receiver_latency
 
 
 class ProbeError(RuntimeError):
@@ -60,6 +61,8 @@ async def call(
     try:
         pc.addTrack(source)
         pc.addTransceiver("video", direction="recvonly")
+        for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
+            tune_receiver_latency(transceiver.receiver)
         channel = pc.createDataChannel("meta")
 
         @channel.on("message")

@@ -1,0 +1,213 @@
+"""``lipcast probe URL``: call a lipcast server, measure, print a summary, write JSON and PNG, gate on limits.
+
+Exit status: 0 when every threshold given holds, 1 when one is missed, 2 when the probe could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+
+from server.probe.client import call
+from server.probe.patterns import burst_pattern, load_audio
+from server.probe.plot import write_png
+from server.probe.report import CallReport, analyse, percentiles
+from streaming.rtc import restrict_host_addresses
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_mouth_latency_p95_ms: float | None = None
+    max_av_offset_p95_ms: float | None = None
+    min_fps: float | None = None
+    min_audio_returned: float | None = None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", nargs="?", default="http://127.0.0.1:8080", help="the lipcast server")
+    p.add_argument("--wav", type=Path, help="send this audio file instead of the generated bursts")
+    p.add_argument("--duration-s", type=float, default=12.0, help="length of the generated pattern")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated pattern")
+    p.add_argument("--avatar", help="avatar name")
+    p.add_argument("--sessions", type=int, default=1, help="concurrent sessions (load mode when > 1)")
+    p.add_argument("--ramp-s", type=float, default=0.0, help="start the sessions spread over this time")
+    p.add_argument("--json", type=Path, help="write the full results here")
+    p.add_argument("--png", type=Path, help="write the latency histogram and timeline here")
+    p.add_argument("--max-mouth-latency-p95-ms", type=float)
+    p.add_argument("--max-av-offset-p95-ms", type=float, help="limit on |A/V offset| p95")
+    p.add_argument("--min-fps", type=float, help="limit on every session's received fps")
+    p.add_argument("--min-audio-returned", type=float, help="share of sent audio that must return, 0..1")
+    p.add_argument(
+        "--ice-address",
+        action="append",
+        dest="ice_addresses",
+        metavar="ADDR",
+        help="offer only these local addresses as ICE host candidates (e.g. 127.0.0.1)",
+    )
+
+
+async def run_sessions(
+    url: str, audio: npt.NDArray[np.int16], sessions: int, ramp_s: float, avatar: str | None
+) -> list[CallReport | BaseException]:
+    async with aiohttp.ClientSession() as http:
+
+        async def one(i: int) -> CallReport:
+            await asyncio.sleep(ramp_s * i / max(1, sessions))
+            recording = await call(url, audio, avatar=avatar, http=http)
+            return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
+
+        return await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+
+
+def late_knee(reports: list[CallReport]) -> dict[str, Any]:
+    """Per second of the run: sessions receiving frames and the share of gaps; where lateness starts."""
+    arrivals = [np.asarray(r.frame_arrivals) for r in reports if len(r.frame_arrivals) > 1]
+    if not arrivals:
+        return {}
+    t0 = min(a[0] for a in arrivals)
+    t1 = max(a[-1] for a in arrivals)
+    seconds = []
+    for s in range(int(t1 - t0)):
+        lo, hi = t0 + s, t0 + s + 1
+        active = late = frames = 0
+        for a in arrivals:
+            inside = a[(a >= lo) & (a < hi)]
+            if a[0] <= lo and a[-1] >= hi:
+                active += 1
+            frames += len(inside)
+            late += int((np.diff(inside) > 0.060).sum())
+        seconds.append({"second": s, "active_sessions": active, "frames": frames, "gaps": late})
+    knee = next(
+        (x["active_sessions"] for x in seconds if x["frames"] and x["gaps"] / x["frames"] > 0.01), None
+    )
+    return {"per_second": seconds, "late_from_sessions": knee}
+
+
+def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
+    bursts = [b for r in reports for b in r.bursts]
+    frame_pairs = [
+        (b.onset_frame, b.meta_onset_frame)
+        for b in bursts
+        if b.onset_frame is not None and b.meta_onset_frame is not None
+    ]
+    return {
+        "sessions": len(reports),
+        "mouth_latency_ms": percentiles(
+            [b.mouth_latency_ms for b in bursts if b.mouth_latency_ms is not None]
+        ),
+        "av_offset_ms": percentiles([b.av_offset_ms for b in bursts if b.av_offset_ms is not None]),
+        "abs_av_offset_ms": percentiles([abs(b.av_offset_ms) for b in bursts if b.av_offset_ms is not None]),
+        "frame_latency_ms": percentiles([v for r in reports for v in r.frame_latency_ms]),
+        "audio_delay_ms": percentiles([v for r in reports for v in r.audio_delay_ms]),
+        "fps_min": min((r.fps for r in reports), default=0.0),
+        "fps_mean": round(float(np.mean([r.fps for r in reports])), 2) if reports else 0.0,
+        "frame_gaps": sum(r.frame_gaps for r in reports),
+        "freezes": sum(r.freezes for r in reports),
+        "late_frames": sum(r.late_frames for r in reports),
+        "audio_returned_min": min((r.audio_returned for r in reports), default=0.0),
+        "audio_gaps": sum(r.audio_gaps for r in reports),
+        "bursts": len(bursts),
+        "bursts_detected": sum(1 for b in bursts if b.mouth_latency_ms is not None),
+        "metadata_agreement_within_1_frame": sum(1 for a, b in frame_pairs if abs(a - b) <= 1),
+        "metadata_compared": len(frame_pairs),
+        "late_from_sessions": knee.get("late_from_sessions"),
+    }
+
+
+def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
+    def row(name: str, p: dict[str, float]) -> str:
+        cells = "".join(f"{p.get(k, float('nan')):>10.1f}" for k in ("p50", "p95", "p99"))
+        return f"  {name:<28}{cells}"
+
+    lines = [
+        f"lipcast probe: {url}, {s['sessions']} session(s), {failures} failed",
+        f"  {'':<28}{'p50':>10}{'p95':>10}{'p99':>10}",
+        row("audio in -> mouth moves, ms", s["mouth_latency_ms"]),
+        row("A/V offset (video later), ms", s["av_offset_ms"]),
+        row("frame latency (metadata), ms", s["frame_latency_ms"]),
+        row("audio in -> audio out, ms", s["audio_delay_ms"]),
+        f"  fps: min {s['fps_min']:.2f}, mean {s['fps_mean']:.2f}; gaps > 60 ms: {s['frame_gaps']};"
+        f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
+        f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
+        f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"
+        f" frame on {s['metadata_agreement_within_1_frame']}/{s['metadata_compared']}",
+    ]
+    if s["sessions"] > 1:
+        knee = s["late_from_sessions"]
+        lines.append(f"  frames start arriving late at: {knee if knee else 'not reached'} active sessions")
+    return "\n".join(lines)
+
+
+def check(s: dict[str, Any], limits: Thresholds) -> list[str]:
+    missed = []
+    mouth_p95 = s["mouth_latency_ms"].get("p95")
+    if limits.max_mouth_latency_p95_ms is not None and (
+        mouth_p95 is None or mouth_p95 > limits.max_mouth_latency_p95_ms
+    ):
+        missed.append(f"mouth latency p95 {mouth_p95} ms > {limits.max_mouth_latency_p95_ms}")
+    offset_p95 = s["abs_av_offset_ms"].get("p95")
+    if limits.max_av_offset_p95_ms is not None and (
+        offset_p95 is None or offset_p95 > limits.max_av_offset_p95_ms
+    ):
+        missed.append(f"|A/V offset| p95 {offset_p95} ms > {limits.max_av_offset_p95_ms}")
+    if limits.min_fps is not None and s["fps_min"] < limits.min_fps:
+        missed.append(f"fps {s['fps_min']} < {limits.min_fps}")
+    if limits.min_audio_returned is not None and s["audio_returned_min"] < limits.min_audio_returned:
+        missed.append(f"audio returned {s['audio_returned_min']} < {limits.min_audio_returned}")
+    return missed
+
+
+def main(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/")
+    try:
+        audio = load_audio(args.wav) if args.wav else burst_pattern(args.duration_s, seed=args.seed)
+    except (OSError, ValueError) as e:
+        print(f"lipcast probe: {e}")
+        return 2
+    if args.ice_addresses:
+        restrict_host_addresses(args.ice_addresses)
+    started = time.time()
+    results = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
+    reports = [r for r in results if isinstance(r, CallReport)]
+    errors = [r for r in results if not isinstance(r, CallReport)]
+    for error in errors:
+        print(f"session failed: {error}")
+    if not reports:
+        return 2
+    knee = late_knee(reports)
+    s = summary(reports, knee)
+    print(format_summary(url, s, len(errors)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "url": url,
+            "started": started,
+            "summary": s,
+            "load": knee,
+            "sessions": [r.to_json() for r in reports],
+            "errors": [str(e) for e in errors],
+        }
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.png:
+        write_png(args.png, reports, f"lipcast probe: {url}, {len(reports)} session(s)")
+    missed = check(
+        s,
+        Thresholds(
+            args.max_mouth_latency_p95_ms, args.max_av_offset_p95_ms, args.min_fps, args.min_audio_returned
+        ),
+    )
+    for line in missed:
+        print(f"THRESHOLD MISSED: {line}")
+    return 1 if missed or errors else 0

@@ -1,0 +1,189 @@
+"""Turn one recorded call into figures: per burst (latency, A/V offset), per call (fps, gaps, audio).
+
+Two independent views of the same call:
+
+* **black box** — from pixels and samples only: when a burst's first sample left the client, when the first
+  frame with a moving mouth arrived, when the burst's returned audio arrived;
+* **metadata** — from the server's per-frame data-channel messages: which input sample each frame carries
+  and whether its mouth is open. Each is a check on the other (they must agree within a frame).
+
+Frames are matched to the server's frame numbers through their RTP-derived pts: the first frame received is
+the first frame sent (the server holds metadata back until the channel opens, so its first message is that
+frame's), and pts advance by 3600 (90 kHz) per frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from server.probe import analysis
+from server.probe.client import CallRecording
+from server.probe.media import RATE_HZ
+
+OPUS_DELAY_SAMPLES = 312  # libopus's algorithmic delay at 48 kHz (6.5 ms), once per encode/decode hop
+PTS_PER_FRAME = 3600  # 90 kHz / 25 fps
+GAP_MS = 60.0  # a frame arriving this long after the previous one is a gap (1.5 frames)
+FREEZE_MS = 250.0  # ... and this long, a freeze
+AUDIO_GAP_MS = 60.0
+
+
+@dataclass
+class BurstResult:
+    start_ms: float  # in the sent audio
+    duration_ms: float
+    mouth_latency_ms: float | None  # burst leaves the client -> first moving mouth arrives
+    av_offset_ms: float | None  # mouth onset arrival - returned audio onset arrival (+: video later)
+    onset_frame: int | None  # server frame number of that first moving frame (black box)
+    meta_onset_frame: int | None  # first frame whose metadata shows the mouth open for this burst
+
+
+@dataclass
+class CallReport:
+    session_id: str
+    duration_s: float
+    frames: int
+    fps: float
+    frame_gaps: int
+    freezes: int
+    max_frame_gap_ms: float
+    late_frames: int  # per metadata: render not ready, previous frame repeated
+    audio_lag_ms: float  # received-stream offset of the sent audio
+    audio_correlation: float
+    audio_returned: float  # share of sent audio blocks (with sound) found in the returned audio
+    audio_gaps: int
+    audio_delay_ms: list[float] = field(default_factory=list)  # input -> output, per received chunk
+    frame_latency_ms: list[float] = field(default_factory=list)  # per frame: its audio sent -> it arrived
+    bursts: list[BurstResult] = field(default_factory=list)
+    started_at: float = 0.0  # first frame's arrival (monotonic s)
+    sent_started_at: float = 0.0  # when the first audio packet left
+    frame_arrivals: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("frame_arrivals")
+        for key in ("audio_delay_ms", "frame_latency_ms"):
+            out[key] = summarize(getattr(self, key))
+        return out
+
+
+def percentiles(values: list[float] | np.ndarray, qs: tuple[int, ...] = (50, 95, 99)) -> dict[str, float]:
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if arr.size == 0:
+        return {}
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
+
+
+def summarize(values: list[float] | np.ndarray) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return {"count": 0}
+    return {"count": int(arr.size), "mean": round(float(arr.mean()), 2), **percentiles(arr)}
+
+
+def frame_numbers(recording: CallRecording) -> np.ndarray:
+    """The server's frame number of every received frame (-1 when unknown)."""
+    if not recording.meta or not recording.video.pts:
+        return np.full(len(recording.video.pts), -1)
+    first = int(recording.meta[0][1]["frame"])
+    return first + np.asarray(recording.video.pts, dtype=np.int64) // PTS_PER_FRAME
+
+
+def motion_threshold(motion: np.ndarray, silent: np.ndarray) -> float:
+    """Moving = well above the codec noise seen while the mouth is known to rest."""
+    noise = motion[silent] if silent.any() else motion[: max(1, len(motion) // 10)]
+    return max(3.0, 4.0 * float(np.percentile(noise, 99)))
+
+
+def analyse(recording: CallRecording) -> CallReport:
+    sent = recording.sent
+    received = recording.audio.samples()
+    lag, correlation = analysis.align(sent, received)
+    returned, _ = analysis.returned_fraction(sent, received, lag)
+    arrivals = np.asarray(recording.video.arrived_at)
+    gaps = analysis.frame_gaps_ms(recording.video.arrived_at)
+    audio_gaps = np.diff(np.asarray(recording.audio.arrived_at)) * 1000.0
+    meta = {int(m["frame"]): m for _, m in recording.meta}
+    numbers = frame_numbers(recording)
+    bursts = analysis.detect_bursts(sent)
+
+    # Per frame: when its audio left the client (metadata) -> when it arrived.
+    frame_latency = []
+    open_by_frame = {}
+    for i, number in enumerate(numbers):
+        m = meta.get(int(number))
+        if m is None:
+            continue
+        open_by_frame[int(number)] = bool(m.get("active"))
+        if m.get("audio_ms") is not None:
+            sent_at = analysis.sent_time(recording, round(m["audio_ms"] * 48) - OPUS_DELAY_SAMPLES)
+            if sent_at is not None:
+                frame_latency.append((arrivals[i] - sent_at) * 1000.0)
+
+    motion = analysis.mouth_motion(recording) if recording.video.regions else np.zeros(0)
+    silent = np.asarray([not open_by_frame.get(int(n), True) for n in numbers], dtype=bool)
+    threshold = motion_threshold(motion, silent) if len(motion) else 0.0
+    latencies = analysis.onset_latencies_ms(recording, bursts, motion, threshold)
+
+    results = []
+    for burst, latency in zip(bursts, latencies, strict=True):
+        onset_frame = av_offset = None
+        if latency is not None:
+            t_on = analysis.sent_time(recording, burst.start)
+            assert t_on is not None
+            index = int(np.argmin(np.abs(arrivals - (t_on + latency / 1000.0))))
+            onset_frame = int(numbers[index]) if numbers[index] >= 0 else None
+            audio_at = analysis.received_time(recording, burst.start + lag)
+            if audio_at is not None:
+                av_offset = (arrivals[index] - audio_at) * 1000.0
+        results.append(
+            BurstResult(
+                start_ms=burst.start * 1000.0 / RATE_HZ,
+                duration_ms=(burst.end - burst.start) * 1000.0 / RATE_HZ,
+                mouth_latency_ms=latency,
+                av_offset_ms=av_offset,
+                onset_frame=onset_frame,
+                meta_onset_frame=_meta_onset(recording, burst, meta),
+            )
+        )
+    duration = float(arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
+    return CallReport(
+        session_id=recording.session_id,
+        duration_s=round(duration, 3),
+        frames=len(arrivals),
+        fps=round(analysis.received_fps(recording.video.arrived_at), 2),
+        frame_gaps=int((gaps > GAP_MS).sum()),
+        freezes=int((gaps > FREEZE_MS).sum()),
+        max_frame_gap_ms=round(float(gaps.max()), 1) if len(gaps) else 0.0,
+        late_frames=sum(1 for m in meta.values() if m.get("late")),
+        audio_lag_ms=round(lag * 1000.0 / RATE_HZ, 2),
+        audio_correlation=round(correlation, 4),
+        audio_returned=round(returned, 4),
+        audio_gaps=int((audio_gaps > AUDIO_GAP_MS).sum()),
+        audio_delay_ms=[float(v) for v in analysis.audio_delays_ms(recording, lag)],
+        frame_latency_ms=frame_latency,
+        bursts=results,
+        started_at=float(arrivals[0]) if len(arrivals) else 0.0,
+        sent_started_at=recording.source.sent_at[0] if recording.source.sent_at else 0.0,
+        frame_arrivals=[float(a) for a in arrivals],
+    )
+
+
+def _meta_onset(
+    recording: CallRecording, burst: analysis.Burst, meta: dict[int, dict[str, Any]]
+) -> int | None:
+    """The first frame whose metadata shows an open mouth with audio from around the burst's start."""
+    for number in sorted(meta):
+        m = meta[number]
+        if m.get("audio_ms") is None:
+            continue
+        position = round(m["audio_ms"] * 48) - OPUS_DELAY_SAMPLES
+        if position + RATE_HZ // 25 < burst.start - RATE_HZ // 10:
+            continue
+        if position > burst.end:
+            return None
+        if m.get("active"):
+            return number
+    return None
