@@ -5,17 +5,21 @@ the seven skip features of every frame stay on the device, with the frame's orig
 Per batch (``render``): the mel windows are uploaded, the cached features of each item's (avatar, frame)
 are gathered from one global table (so a batch may mix avatars), the audio encoder and the decoder run,
 and the 96x96 faces are pasted back into their boxes on the device (:mod:`.paste`, a feathered lower-face
-blend). Only the box-sized canvases travel back (RGB uint8), never whole frames.
+blend). Only the rows of a box that the blend can change (from :func:`.paste.first_blended_row`, about the
+lower half) are produced and travel back, RGB uint8; the patch's ``top`` is that row.
 
-Fixed shapes: every box of every avatar fits a shared canvas (the largest padded box, rounded up to 8 px);
-an item fills its canvas's top-left ``(h, w)`` and the rest is cut off on the host. Adding an avatar with a
-larger box grows the canvas and drops the captured graphs, which are captured again on next use (call
-:meth:`Wav2LipBackend.warmup` after adding avatars to keep that off the live path).
+Fixed shapes: every such region of every avatar fits a shared canvas (the largest, rounded up to 8 px); an
+item fills its canvas's top-left corner and the rest is cut off on the host, where the patches are views of
+the downloaded batch (no host copy). Adding an avatar with a larger box grows the canvas and drops the
+captured graphs, which are captured again on next use (call :meth:`Wav2LipBackend.warmup` after adding
+avatars to keep that off the live path).
 
 On CUDA: fp16 (default) and channels_last, cuDNN autotuning, a dedicated stream, pinned host buffers and
 one CUDA graph per batch size in ``batch_sizes``, covering audio encoder, decoder and paste; the gathers run
-eagerly before the replay, so tables can be reallocated without recapture. On the CPU: fp32, the same code
-without graphs. On CUDA the constructor sets ``torch.backends.cudnn.benchmark`` (process-wide).
+eagerly before the replay, so tables can be reallocated without recapture. Each batch is downloaded into a
+fresh block of torch's caching pinned-host allocator, which goes back to the cache when the batch's last
+patch is dropped. On the CPU: fp32, the same code without graphs. On CUDA the constructor sets
+``torch.backends.cudnn.benchmark`` (process-wide).
 Memory: the cached features are 290,816 values per avatar frame (0.58 MB in fp16).
 """
 
@@ -44,7 +48,13 @@ from pipeline.wav2lip.featurizer import (
 )
 from pipeline.wav2lip.fold import fold_batchnorm
 from pipeline.wav2lip.model import N_FACE_FEATURES
-from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
+from pipeline.wav2lip.paste import (
+    DEFAULT_FEATHER_PX,
+    DEFAULT_MASK_TOP_FRACTION,
+    face_mask,
+    first_blended_row,
+    paste_faces,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +70,7 @@ class _AvatarEntry:
     offset: int  # first row in the global tables
     count: int
     boxes: npt.NDArray[np.int32]  # (T, 4) padded x1, y1, x2, y2
+    first_rows: npt.NDArray[np.int32]  # (T,) first box row of each frame's patch
 
 
 @dataclass
@@ -72,9 +83,8 @@ class _Bucket:
     rows: torch.Tensor  # (N,) int64, device
     feats: list[torch.Tensor]  # 7 x (N, C, H, W), device
     base: torch.Tensor  # (N, 3, Hc, Wc) uint8, device
-    box_hw: torch.Tensor  # (N, 2) float32, device
+    geometry: torch.Tensor  # (N, 3) float32 box h, w, first row; device
     out: torch.Tensor  # (N, Hc, Wc, 3) uint8, device (the graph's output)
-    out_host: torch.Tensor  # (N, Hc, Wc, 3) uint8, pinned
     graph: torch.cuda.CUDAGraph
 
 
@@ -122,11 +132,12 @@ class Wav2LipBackend:
         # torch accepts memory_format here; its type stubs omit it.
         self.model = model.to(self.device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.requires_grad_(False)
+        self.mask_top_fraction = mask_top_fraction
         self._mask = face_mask(feather_px, mask_top_fraction, device=self.device)
         self._avatars: dict[str, _AvatarEntry] = {}
         self._feats: list[torch.Tensor] = []  # 7 x (F, C, H, W) over all avatar frames
         self._base = torch.empty(0, 3, 0, 0, dtype=torch.uint8, device=self.device)
-        self._box_hw = torch.empty(0, 2, dtype=torch.float32, device=self.device)
+        self._geometry = torch.empty(0, 3, dtype=torch.float32, device=self.device)
         self._canvas_hw = (0, 0)
         self._buckets: dict[int, _Bucket] = {}
         # The engine calls everything from its worker thread; the lock keeps a stray add_avatar from
@@ -158,33 +169,36 @@ class Wav2LipBackend:
             self._remove_avatar(avatar.name)
         inputs, boxes = prepare_face_inputs(avatar, self.face_pads)
         heights, widths = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
+        first_rows = np.array(
+            [first_blended_row(int(h), self.mask_top_fraction) for h in heights], dtype=np.int32
+        )
         canvas_hw = (
-            max(self._canvas_hw[0], _round_up(int(heights.max()), CANVAS_MULTIPLE_PX)),
+            max(self._canvas_hw[0], _round_up(int((heights - first_rows).max()), CANVAS_MULTIPLE_PX)),
             max(self._canvas_hw[1], _round_up(int(widths.max()), CANVAS_MULTIPLE_PX)),
         )
         base = np.zeros((avatar.frame_count, *canvas_hw, 3), dtype=np.uint8)
-        for i, (x1, y1, x2, y2) in enumerate(boxes):
-            base[i, : y2 - y1, : x2 - x1] = avatar.frames[i, y1:y2, x1:x2]
+        for i, ((x1, y1, x2, y2), row0) in enumerate(zip(boxes, first_rows, strict=True)):
+            base[i, : y2 - y1 - row0, : x2 - x1] = avatar.frames[i, y1 + row0 : y2, x1:x2]
         with self._on_stream():
             feats = self._encode_faces(inputs)
             base_t = torch.from_numpy(base).to(self.device).permute(0, 3, 1, 2).contiguous()
-            hw = torch.from_numpy(np.stack((heights, widths), axis=1).astype(np.float32))
+            geometry = torch.from_numpy(np.stack((heights, widths, first_rows), axis=1).astype(np.float32))
             if canvas_hw != self._canvas_hw:
                 pad = (0, canvas_hw[1] - self._base.shape[3], 0, canvas_hw[0] - self._base.shape[2])
                 self._base = F.pad(self._base, pad)
                 self._canvas_hw = canvas_hw
                 self._buckets.clear()  # static buffers have the old canvas size
                 logger.info("wav2lip canvas is now %dx%d px", canvas_hw[1], canvas_hw[0])
-            offset = int(self._box_hw.shape[0])
+            offset = int(self._geometry.shape[0])
             self._feats = (
                 feats
                 if not self._feats
                 else [torch.cat((old, new)) for old, new in zip(self._feats, feats, strict=True)]
             )
             self._base = torch.cat((self._base, base_t))
-            self._box_hw = torch.cat((self._box_hw, hw.to(self.device)))
+            self._geometry = torch.cat((self._geometry, geometry.to(self.device)))
         self._sync()
-        self._avatars[avatar.name] = _AvatarEntry(offset, avatar.frame_count, boxes)
+        self._avatars[avatar.name] = _AvatarEntry(offset, avatar.frame_count, boxes, first_rows)
         logger.info("wav2lip avatar %r: %d frames encoded", avatar.name, avatar.frame_count)
 
     def _encode_faces(self, inputs: npt.NDArray[np.float32]) -> list[torch.Tensor]:
@@ -204,14 +218,14 @@ class Wav2LipBackend:
         entry = self._avatars.pop(name, None)
         if entry is None:
             raise UnknownAvatarError(f"wav2lip backend has no avatar {name!r}")
-        total = int(self._box_hw.shape[0])
+        total = int(self._geometry.shape[0])
         keep = torch.cat((torch.arange(entry.offset), torch.arange(entry.offset + entry.count, total))).to(
             self.device
         )
         with self._on_stream():
             self._feats = [t.index_select(0, keep) for t in self._feats]
             self._base = self._base.index_select(0, keep)
-            self._box_hw = self._box_hw.index_select(0, keep)
+            self._geometry = self._geometry.index_select(0, keep)
         self._sync()
         for other in self._avatars.values():
             if other.offset > entry.offset:
@@ -224,12 +238,12 @@ class Wav2LipBackend:
         mel: torch.Tensor,
         feats: Sequence[torch.Tensor],
         base: torch.Tensor,
-        box_hw: torch.Tensor,
+        geometry: torch.Tensor,
     ) -> torch.Tensor:
         """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases."""
         audio = mel.to(self.dtype).contiguous(memory_format=self.memory_format)
         face = self.model.decode(self.model.encode_audio(audio), feats)
-        return paste_faces(face, base, box_hw, self._mask)
+        return paste_faces(face, base, geometry, self._mask)
 
     def _rows(self, items: Sequence[RenderItem]) -> tuple[npt.NDArray[np.int64], list[_AvatarEntry]]:
         rows = np.empty(len(items), dtype=np.int64)
@@ -263,8 +277,9 @@ class Wav2LipBackend:
         patches = []
         for canvas, item, entry in zip(canvases, items, entries, strict=True):
             x1, y1, x2, y2 = (int(v) for v in entry.boxes[item.frame_index])
-            pixels = np.array(canvas[: y2 - y1, : x2 - x1], copy=True)
-            patches.append(RenderedPatch(pixels, top=y1, left=x1))
+            row0 = int(entry.first_rows[item.frame_index])
+            pixels = canvas[: y2 - y1 - row0, : x2 - x1]  # a view: the batch array is fresh per render
+            patches.append(RenderedPatch(pixels, top=y1 + row0, left=x1))
         return patches
 
     def _render_eager(
@@ -275,7 +290,7 @@ class Wav2LipBackend:
             mel = torch.from_numpy(mels).to(self.device)[:, None]
             feats = [t.index_select(0, index) for t in self._feats]
             out = self._compute(
-                mel, feats, self._base.index_select(0, index), self._box_hw.index_select(0, index)
+                mel, feats, self._base.index_select(0, index), self._geometry.index_select(0, index)
             )
             result = out.cpu().numpy()
         return result
@@ -294,16 +309,17 @@ class Wav2LipBackend:
             bucket.rows.copy_(bucket.rows_host, non_blocking=True)
             self._gather(bucket)
             bucket.graph.replay()
-            bucket.out_host.copy_(bucket.out, non_blocking=True)
-        stream.synchronize()  # also guards the pinned buffers against the next render's writes
-        return bucket.out_host.numpy()
+            out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
+            out_host.copy_(bucket.out, non_blocking=True)
+        stream.synchronize()  # also guards the upload buffers against the next render's writes
+        return out_host.numpy()
 
     def _gather(self, bucket: _Bucket) -> None:
         """Copy the rows' cached features, face-box pixels and sizes into the static buffers."""
         for static, table in zip(bucket.feats, self._feats, strict=True):
             static.copy_(table.index_select(0, bucket.rows))
         bucket.base.copy_(self._base.index_select(0, bucket.rows))
-        bucket.box_hw.copy_(self._box_hw.index_select(0, bucket.rows))
+        bucket.geometry.copy_(self._geometry.index_select(0, bucket.rows))
 
     def _capture(self, size: int) -> _Bucket:
         """Allocate one batch size's static buffers and capture its CUDA graph."""
@@ -317,15 +333,15 @@ class Wav2LipBackend:
         ]
         mel = torch.zeros(size, 1, *CONDITIONING_SHAPE, device=dev)
         base = torch.zeros(size, 3, canvas_h, canvas_w, dtype=torch.uint8, device=dev)
-        box_hw = torch.ones(size, 2, device=dev)
+        geometry = torch.ones(size, 3, device=dev)
         self._stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._stream):
             for _ in range(CAPTURE_WARMUP_ITERS):
-                self._compute(mel, feats, base, box_hw)
+                self._compute(mel, feats, base, geometry)
         self._stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-            out = self._compute(mel, feats, base, box_hw)
+            out = self._compute(mel, feats, base, geometry)
         bucket = _Bucket(
             mel_host=torch.zeros(mel.shape, pin_memory=True),
             rows_host=torch.zeros(size, dtype=torch.int64, pin_memory=True),
@@ -333,9 +349,8 @@ class Wav2LipBackend:
             rows=torch.zeros(size, dtype=torch.int64, device=dev),
             feats=feats,
             base=base,
-            box_hw=box_hw,
+            geometry=geometry,
             out=out,
-            out_host=torch.zeros(out.shape, dtype=torch.uint8, pin_memory=True),
             graph=graph,
         )
         self._buckets[size] = bucket

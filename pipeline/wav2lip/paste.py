@@ -1,7 +1,9 @@
 """Pasting generated 96x96 faces back into their face boxes, batched on the device.
 
-Boxes differ in size, so every item is resampled into a fixed ``(canvas_h, canvas_w)`` canvas whose top-left
-``(h, w)`` corner is the item's box; the rest of the canvas is ignored by the caller. Resampling uses
+Only the part of a box that the blend can change is produced: its rows from :func:`first_blended_row` down
+(about the lower half). Boxes differ in size, so every item is resampled into a fixed
+``(canvas_h, canvas_w)`` canvas whose top-left ``(h - row0, w)`` corner is that part of the item's box; the
+rest of the canvas is ignored by the caller. Resampling uses
 ``grid_sample`` (bilinear, border padding, align_corners=False) with the grid ``2 (x + 0.5) / w - 1``, which
 is the half-pixel mapping of ``cv2.resize(..., INTER_LINEAR)``. The lower-face blend mask is drawn once in
 96x96 face space (:func:`pipeline.compositing.feathered_box_mask`) and resampled with the face, so its
@@ -9,6 +11,8 @@ feather scales with the box. Everything runs in float32 whatever the network's d
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -31,17 +35,31 @@ def face_mask(
     )
 
 
-def box_grid(box_hw: torch.Tensor, canvas_h: int, canvas_w: int) -> torch.Tensor:
+def first_blended_row(box_height_px: int, top_fraction: float = DEFAULT_MASK_TOP_FRACTION) -> int:
+    """The first box row whose resampled blend mask may be non-zero; rows above it keep the original.
+
+    Mask row ``r`` of :func:`face_mask` is zero while ``r + 0.5 <= 96 top_fraction``; the first non-zero
+    one is ``R``. Box row ``y`` samples face row ``(y + 0.5) 96 / h - 0.5``, which touches row ``R`` once it
+    exceeds ``R - 1``. One row of margin covers float rounding in the sampler.
+    """
+    first_mask_row = math.floor(FACE_SIZE_PX * top_fraction - 0.5) + 1
+    first_row = math.floor((first_mask_row - 0.5) * box_height_px / FACE_SIZE_PX - 0.5) + 1
+    return max(0, min(box_height_px - 1, first_row - 1))
+
+
+def box_grid(box_geometry: torch.Tensor, canvas_h: int, canvas_w: int) -> torch.Tensor:
     """Sampling grid ``(N, canvas_h, canvas_w, 2)`` mapping canvas pixels into 96x96 face space.
 
-    ``box_hw``: ``(N, 2)`` float32 box heights and widths in pixels.
+    ``box_geometry``: ``(N, 3)`` float32 box height, box width and first row (canvas row 0 is that box
+    row), in pixels.
     """
-    device = box_hw.device
+    device = box_geometry.device
     ys = torch.arange(canvas_h, device=device, dtype=torch.float32) + 0.5
     xs = torch.arange(canvas_w, device=device, dtype=torch.float32) + 0.5
-    gy = 2.0 * ys[None, :] / box_hw[:, 0:1] - 1.0  # (N, canvas_h)
-    gx = 2.0 * xs[None, :] / box_hw[:, 1:2] - 1.0  # (N, canvas_w)
-    n = box_hw.shape[0]
+    box_ys = ys[None, :] + box_geometry[:, 2:3]  # (N, canvas_h) box rows
+    gy = 2.0 * box_ys / box_geometry[:, 0:1] - 1.0  # (N, canvas_h)
+    gx = 2.0 * xs[None, :] / box_geometry[:, 1:2] - 1.0  # (N, canvas_w)
+    n = box_geometry.shape[0]
     return torch.stack(
         (gx[:, None, :].expand(n, canvas_h, canvas_w), gy[:, :, None].expand(n, canvas_h, canvas_w)),
         dim=-1,
@@ -51,28 +69,30 @@ def box_grid(box_hw: torch.Tensor, canvas_h: int, canvas_w: int) -> torch.Tensor
 def paste_faces(
     face_bgr: torch.Tensor,
     base_rgb: torch.Tensor,
-    box_hw: torch.Tensor,
+    box_geometry: torch.Tensor,
     mask: torch.Tensor,
 ) -> torch.Tensor:
     """Blend generated faces into the original face regions.
 
     ``face_bgr``: (N, 3, 96, 96) network output in [0, 1], BGR. ``base_rgb``: (N, 3, Hc, Wc) uint8 original
-    box regions, top-left aligned. ``box_hw``: (N, 2) float32. ``mask``: (1, 1, 96, 96) float32.
-    Returns (N, Hc, Wc, 3) uint8 RGB; pixels outside an item's box are the base unchanged.
+    box rows ``row0..h``, top-left aligned. ``box_geometry``: (N, 3) float32 h, w, row0 (see
+    :func:`box_grid`). ``mask``: (1, 1, 96, 96) float32.
+    Returns (N, Hc, Wc, 3) uint8 RGB; pixels outside an item's region are the base unchanged.
     """
     n, _, canvas_h, canvas_w = base_rgb.shape
     rgba = torch.cat((face_bgr.float().flip(1), mask.expand(n, 1, -1, -1)), dim=1)
     sampled = F.grid_sample(
         rgba,
-        box_grid(box_hw, canvas_h, canvas_w),
+        box_grid(box_geometry, canvas_h, canvas_w),
         mode="bilinear",
         padding_mode="border",
         align_corners=False,
     )
     rows = torch.arange(canvas_h, device=base_rgb.device, dtype=torch.float32)
     cols = torch.arange(canvas_w, device=base_rgb.device, dtype=torch.float32)
-    inside = (rows[None, :, None] < box_hw[:, 0, None, None]) & (
-        cols[None, None, :] < box_hw[:, 1, None, None]
+    region_h = box_geometry[:, 0] - box_geometry[:, 2]
+    inside = (rows[None, :, None] < region_h[:, None, None]) & (
+        cols[None, None, :] < box_geometry[:, 1, None, None]
     )
     alpha = sampled[:, 3:4] * inside[:, None].float()
     out = blend(base_rgb.float(), sampled[:, :3] * 255.0, alpha)

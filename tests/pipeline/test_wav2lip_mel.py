@@ -125,3 +125,11 @@ def test_streaming_equals_offline_for_random_chunks(seed: int) -> None:
     offline = wmel.melspectrogram(wav)
     assert streamed.shape[1] == offline.shape[1] - 2  # the two end columns need the end reflection
     np.testing.assert_allclose(streamed, offline[:, : streamed.shape[1]], rtol=0, atol=1e-4)
+
+
+def test_int16_scale_input_saturates() -> None:
+    """Pitfall: samples must be floats in [-1, 1]; int16-scale values drive most bins to the +4 clip."""
+    rng = np.random.default_rng(6)
+    noise = rng.uniform(-1, 1, 8000).astype(np.float32)
+    assert (wmel.melspectrogram(noise * 32767) == 4.0).mean() > 0.5
+    assert (wmel.melspectrogram(noise) == 4.0).mean() == 0.0
