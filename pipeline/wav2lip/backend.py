@@ -47,6 +47,7 @@ from pipeline.wav2lip.featurizer import (
     Wav2LipFeaturizer,
 )
 from pipeline.wav2lip.fold import fold_batchnorm
+from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
 from pipeline.wav2lip.paste import (
     DEFAULT_FEATHER_PX,
@@ -152,7 +153,7 @@ class Wav2LipBackend:
 
     @property
     def lookahead_ms(self) -> float:
-        return self._lookahead_samples * 1000.0 / 16_000
+        return self._lookahead_samples * 1000.0 / SAMPLE_RATE_HZ
 
     def new_featurizer(self) -> Wav2LipFeaturizer:
         return Wav2LipFeaturizer(self.fps, self.window_offset_frames)
@@ -261,7 +262,10 @@ class Wav2LipBackend:
         return rows, entries
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
-        """Render a batch; returns one RGB uint8 patch of the padded face box per item, in order."""
+        """Render a batch; one patch per item, in order: RGB uint8 rows ``row0..h`` of the padded face box.
+
+        The patches are (non-contiguous) views of one array downloaded for this batch.
+        """
         if not items:
             return []
         with self._lock, torch.no_grad():
