@@ -1,0 +1,169 @@
+"""Run inside a loopback-only network namespace: serve lipcast, call it from headless Chromium with a WAV
+file as the microphone, and print what the page saw as JSON (driven over the DevTools protocol).
+
+    ip netns exec NS .venv/bin/python -m tests.browser.drive_call --wav speech.wav --seconds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from server.app import create_app
+from server.config import Settings
+from streaming.rtc import restrict_host_addresses
+
+CHROMIUM_FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--allow-loopback-in-peer-connection",
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+
+# Each poll: the page's state and stats, and a 16x16 grey thumbnail of the mouth box of the current frame.
+POLL_JS = """
+(() => {
+  const v = document.querySelector('video');
+  const out = {t: performance.now(), state: (document.body && document.body.dataset.state) || null,
+               stats: window.lipcast ? window.lipcast.stats() : null, mouth: null};
+  if (v && v.videoWidth > 0) {
+    const [x1, y1, x2, y2] = %s;
+    const c = window.__probeCanvas || (window.__probeCanvas = document.createElement('canvas'));
+    c.width = 16; c.height = 16;
+    const g = c.getContext('2d', {willReadFrequently: true});
+    g.drawImage(v, x1, y1, x2 - x1, y2 - y1, 0, 0, 16, 16);
+    const d = g.getImageData(0, 0, 16, 16).data;
+    const grey = [];
+    for (let i = 0; i < d.length; i += 4) grey.push(Math.round((d[i] + d[i + 1] + d[i + 2]) / 3));
+    out.mouth = grey;
+    out.currentTime = v.currentTime;
+  }
+  return out;
+})()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DevTools:
+    """The smallest DevTools-protocol client: evaluate an expression in the page."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self._id = 0
+
+    async def evaluate(self, expression: str) -> Any:
+        self._id += 1
+        await self.ws.send_json(
+            {
+                "id": self._id,
+                "method": "Runtime.evaluate",
+                "params": {"expression": expression, "returnByValue": True, "awaitPromise": True},
+            }
+        )
+        while True:
+            message = await self.ws.receive_json(timeout=10)
+            if message.get("id") == self._id:
+                result = message.get("result", {})
+                if "exceptionDetails" in result:
+                    raise RuntimeError(str(result["exceptionDetails"]))
+                return result.get("result", {}).get("value")
+
+
+async def page_socket(http: aiohttp.ClientSession, port: int, deadline_s: float) -> str:
+    while time.monotonic() < deadline_s:
+        with contextlib.suppress(aiohttp.ClientError, json.JSONDecodeError):
+            async with http.get(f"http://127.0.0.1:{port}/json") as response:
+                for target in await response.json():
+                    if target.get("type") == "page" and target.get("webSocketDebuggerUrl"):
+                        return str(target["webSocketDebuggerUrl"])
+        await asyncio.sleep(0.2)
+    raise TimeoutError("chromium's DevTools endpoint did not come up")
+
+
+async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
+    restrict_host_addresses(["127.0.0.1"])
+    app = create_app(Settings(port=free_port()))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    devtools_port = free_port()
+    profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
+    url = f"http://127.0.0.1:{port}/?autostart=1&ec=0&ns=0&agc=0"
+    proc = subprocess.Popen(  # noqa: ASYNC220 - starting a browser is a one-off, not a hot path
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--remote-debugging-port={devtools_port}",
+            f"--use-file-for-fake-audio-capture={wav}%noloop",
+            url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    polls: list[dict[str, Any]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/avatars") as response:
+                avatars = await response.json()
+            box = next(a for a in avatars["avatars"] if a["name"] == avatars["default"])["mouth_box"]
+            ws_url = await page_socket(http, devtools_port, time.monotonic() + 20)
+            async with http.ws_connect(ws_url, max_msg_size=0) as ws:
+                tools = DevTools(ws)
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    polls.append(await tools.evaluate(POLL_JS % json.dumps(box)))
+                    await asyncio.sleep(0.05)
+                final_state = await tools.evaluate("document.body && document.body.dataset.state")
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+        await runner.cleanup()
+    return {"polls": polls, "final_state": final_state, "mouth_box": box}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--wav", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.wav, args.seconds, args.chromium))
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The probe against the in-process server: its black-box figures agree with the server's metadata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from server.app import create_app
+from server.config import Settings
+from server.probe import cli, report
+from server.probe.client import call
+from server.probe.patterns import burst_pattern
+from server.probe.plot import write_png
+
+pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
+
+
+async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path) -> None:
+    client = await aiohttp_client(create_app(Settings()))
+    url = str(client.make_url("")).rstrip("/")
+    sent = burst_pattern(7.0, seed=3)
+    recording = await call(url, sent, tail_s=0.8, http=client.session)
+    result = report.analyse(recording)
+
+    assert len(result.bursts) >= 3
+    for burst in result.bursts:
+        # Black box (pixels) and metadata (the server's own account) name the same onset frame, +-1.
+        assert burst.onset_frame is not None and burst.meta_onset_frame is not None, burst
+        assert abs(burst.onset_frame - burst.meta_onset_frame) <= 1, burst
+        assert burst.mouth_latency_ms is not None and 0 < burst.mouth_latency_ms < 1000
+        assert burst.av_offset_ms is not None and abs(burst.av_offset_ms) < 80
+
+    # The per-frame latency from metadata and the black-box mouth latency describe the same delay: the
+    # mouth cannot move before the frame that carries the burst's first audio arrives.
+    frame_p50 = float(np.median(result.frame_latency_ms))
+    mouth_p50 = float(np.median([b.mouth_latency_ms for b in result.bursts]))
+    assert abs(mouth_p50 - frame_p50) <= 3 * 40, (mouth_p50, frame_p50)
+    assert result.fps >= 24 and result.audio_returned >= 0.99 and result.freezes == 0
+
+    summary = cli.summary([result], cli.late_knee([result]))
+    assert summary["metadata_agreement_within_1_frame"] == summary["metadata_compared"] == len(result.bursts)
+    text = cli.format_summary(url, summary, 0)
+    assert "audio in -> mouth moves" in text and "p95" in text
+    json.dumps({"summary": summary, "session": result.to_json()})
+    png = tmp_path / "probe.png"
+    write_png(png, [result], "test")
+    assert png.stat().st_size > 5000
+
+    assert cli.check(summary, cli.Thresholds(min_fps=24.0, min_audio_returned=0.99)) == []
+    missed = cli.check(summary, cli.Thresholds(max_mouth_latency_p95_ms=1.0, max_av_offset_p95_ms=0.0))
+    assert len(missed) == 2
+
+
+def test_burst_pattern_is_detected_as_bursts() -> None:
+    audio = burst_pattern(8.0, seed=1)
+    bursts = report.analysis.detect_bursts(audio)
+    assert 3 <= len(bursts) <= 8
+    assert bursts[0].start >= int(1.4 * 48_000)
