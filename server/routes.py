@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import cv2
@@ -10,6 +11,8 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from pipeline.avatar import Avatar
+from server import whip_whep
+from server.auth import require_bearer
 from server.errors import BadRequestError, NotFoundError
 from server.state import RUNTIME, SETTINGS, runtime_of
 
@@ -61,6 +64,7 @@ def avatar_json(avatar: Avatar) -> dict[str, Any]:
 
 
 async def offer(request: web.Request) -> web.Response:
+    require_bearer(request)
     runtime = runtime_of(request)
     description, avatar_name = parse_offer(await read_json_object(request))
     answer = await runtime.sessions.create(description, avatar_name)
@@ -75,6 +79,7 @@ async def offer(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
+    require_bearer(request)
     runtime = runtime_of(request)
     session = runtime.sessions.get(request.match_info["session_id"])
     await session.close("deleted by client")
@@ -89,7 +94,9 @@ async def session_stats(request: web.Request) -> web.Response:
         {
             "session_id": session.id,
             "avatar": session.avatar.name,
+            "signalling": session.signalling,
             "connection": session.pc.connectionState,
+            "viewers": session.viewers.stats_json(),
             "stream": vars(stream.stats),
             "video": vars(session.video.stats),
             "audio_sent_ticks": session.audio.sent,
@@ -113,6 +120,8 @@ async def healthz(request: web.Request) -> web.Response:
             "ready": runtime.ready,
             "backend": runtime.backend.name,
             "sessions": len(runtime.sessions.sessions),
+            "frames_sent_total": runtime.sessions.frames_sent_total,
+            "process_cpu_s": round(time.process_time(), 3),
             "max_sessions": runtime.settings.max_sessions,
             "engine": {
                 "running": runtime.engine.running,
@@ -165,5 +174,6 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/config", client_config)
     app.router.add_get("/avatars", list_avatars)
     app.router.add_get("/avatars/{name}/preview.png", avatar_preview)
+    whip_whep.setup(app)
     if static_dir.is_dir():
         app.router.add_static("/static/", static_dir)

@@ -24,10 +24,12 @@ from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
+from server.viewers import SessionViewers
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
 from streaming.clock import Clock, MonotonicClock
 from streaming.inbound import INBOUND_RATE_HZ, AudioIngest
+from streaming.offers import OfferError, summarize_offer
 from streaming.rtc import tune_receiver_latency
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from streaming.vad import SpeechDetector
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 META_CHANNEL_LABEL = "meta"
 META_BACKLOG = 250  # frames of metadata kept until the channel opens (10 s at 25 fps)
 RETRY_AFTER_S = 10
+SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,10 @@ class Session:
         buffer: InputAudioBuffer,
         detector: SpeechDetector,
         manager: SessionManager,
+        signalling: str = "offer",
     ) -> None:
         self.id = session_id
+        self.signalling = signalling
         self.pc = pc
         self.avatar = avatar
         self.stream = stream
@@ -67,6 +72,14 @@ class Session:
         self.manager = manager
         self.video = AvatarVideoTrack(stream, on_frame=self._send_meta)
         self.audio = AvatarAudioTrack(stream)
+        self.viewers = SessionViewers(
+            session_id,
+            stream,
+            manager.rtc_configuration,
+            max_viewers=manager.settings.max_viewers,
+            video_bitrate_bps=manager.settings.viewer_bitrate_kbps * 1000,
+            connect_timeout_s=manager.settings.connect_timeout_s,
+        )
         self.ingest: AudioIngest | None = None
         self.meta_channel: RTCDataChannel | None = None
         self._meta_backlog: deque[str] = deque(maxlen=META_BACKLOG)
@@ -129,6 +142,7 @@ class Session:
         logger.info("[%s] closing: %s", self.id, reason)
         self._cancel_connect_timer()
         try:
+            await self.viewers.close("session closed")
             self.video.stop()
             self.audio.stop()
             await self.stream.stop()
@@ -158,6 +172,7 @@ class SessionManager:
         self.clock = clock or MonotonicClock()
         self.sessions: dict[str, Session] = {}
         self._reserved = 0
+        self._frames_sent_closed = 0  # frames sent by sessions that have ended
 
     def __len__(self) -> int:
         return len(self.sessions) + self._reserved
@@ -169,7 +184,13 @@ class SessionManager:
             raise NotFoundError(f"no session {session_id!r}") from None
 
     def forget(self, session: Session) -> None:
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            self._frames_sent_closed += session.video.stats.sent
+
+    @property
+    def frames_sent_total(self) -> int:
+        """Video frames sent since start, by every session (live and ended)."""
+        return self._frames_sent_closed + sum(s.video.stats.sent for s in self.sessions.values())
 
     def avatar(self, name: str | None) -> Avatar:
         name = name or self.settings.avatar
@@ -178,7 +199,7 @@ class SessionManager:
             raise NotFoundError(f"unknown avatar {name!r}; available: {', '.join(sorted(self.avatars))}")
         return avatar
 
-    def _rtc_configuration(self) -> RTCConfiguration:
+    def rtc_configuration(self) -> RTCConfiguration:
         return RTCConfiguration(
             iceServers=[
                 RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
@@ -186,8 +207,16 @@ class SessionManager:
             ]
         )
 
-    async def create(self, offer: RTCSessionDescription, avatar_name: str | None) -> Answer:
-        """Answer an offer with a new session, or raise an :class:`ApiError` leaving nothing behind."""
+    async def create(
+        self, offer: RTCSessionDescription, avatar_name: str | None, *, signalling: str = "offer"
+    ) -> Answer:
+        """Answer an offer with a new session, or raise an :class:`ApiError` leaving nothing behind.
+
+        ``signalling="offer"`` (the call page) needs the client to send audio and receive video; ``"whip"``
+        needs only audio from the client and sends back only what its offer asks to receive.
+        """
+        if signalling not in SIGNALLING:
+            raise ValueError(f"signalling must be one of {SIGNALLING}")
         avatar = self.avatar(avatar_name)
         if len(self) >= self.settings.max_sessions:
             raise CapacityError(
@@ -195,9 +224,9 @@ class SessionManager:
             )
         self._reserved += 1  # hold the slot across the awaits below
         session: Session | None = None
-        pc = RTCPeerConnection(self._rtc_configuration())
+        pc = RTCPeerConnection(self.rtc_configuration())
         try:
-            session = self._new_session(pc, avatar)
+            session = self._new_session(pc, avatar, signalling)
             await self._negotiate(session, offer)
         except BaseException:
             if session is not None:
@@ -213,7 +242,7 @@ class SessionManager:
         logger.info("[%s] created (avatar %s)", session.id, avatar.name)
         return Answer(session.id, local.sdp, local.type, avatar)
 
-    def _new_session(self, pc: RTCPeerConnection, avatar: Avatar) -> Session:
+    def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:
         settings = self.settings
         session_id = secrets.token_urlsafe(9)
         buffer = InputAudioBuffer(INBOUND_RATE_HZ, target_ms=settings.jitter_buffer_ms)
@@ -228,7 +257,7 @@ class SessionManager:
             fps=settings.fps,
             render_budget_ms=settings.render_budget_ms,
         )
-        session = Session(session_id, pc, avatar, stream, buffer, detector, self)
+        session = Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
         pc.on("track", session.on_track)
         pc.on("datachannel", session.on_datachannel)
         pc.on("connectionstatechange", session.on_connection_state)
@@ -241,15 +270,47 @@ class SessionManager:
         except Exception as e:  # aiortc's parser raises ValueError, AssertionError, KeyError, ...
             detail = str(e) or type(e).__name__
             raise BadRequestError(f"malformed SDP offer: {detail}") from e
-        kinds = {t.kind for t in pc.getTransceivers()}
-        if "audio" not in kinds or "video" not in kinds:
-            raise BadRequestError("the offer must send audio (the microphone) and receive video (the avatar)")
+        if session.signalling == "whip":
+            outgoing = self._whip_outgoing(session, offer)
+        else:
+            kinds = {t.kind for t in pc.getTransceivers()}
+            if "audio" not in kinds or "video" not in kinds:
+                raise BadRequestError(
+                    "the offer must send audio (the microphone) and receive video (the avatar)"
+                )
+            outgoing = [session.audio, session.video]
         for transceiver in pc.getTransceivers():
             tune_receiver_latency(transceiver.receiver)
-        pc.addTrack(session.audio)
-        pc.addTrack(session.video)
+        for track in outgoing:
+            pc.addTrack(track)
+        if session.signalling == "whip":
+            # WHIP clients such as OBS also send video; only the voice is used, so the video section is
+            # answered without receiving (aiortc would otherwise decode it into an unbounded queue).
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind == "video":
+                    transceiver.direction = "sendonly" if session.video in outgoing else "inactive"
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
+
+    @staticmethod
+    def _whip_outgoing(session: Session, offer: RTCSessionDescription) -> list[MediaStreamTrack]:
+        """A WHIP client must send audio; it gets the avatar back only where its offer asks to receive.
+
+        A plain WHIP client (sendonly audio, no video section) gets no tracks: its session still runs its
+        media clock once connected, for WHEP viewers to watch.
+        """
+        try:
+            summary = summarize_offer(offer.sdp)
+        except OfferError as e:
+            raise BadRequestError(f"malformed SDP offer: {e}") from e
+        if not summary.sends("audio"):
+            raise BadRequestError("a WHIP offer must send audio (a=sendonly or a=sendrecv audio section)")
+        outgoing: list[MediaStreamTrack] = []
+        if summary.receives("audio"):
+            outgoing.append(session.audio)
+        if summary.receives("video"):
+            outgoing.append(session.video)
+        return outgoing
 
     async def close_all(self, reason: str = "server shutdown") -> None:
         await asyncio.gather(*(s.close(reason) for s in list(self.sessions.values())))

@@ -58,9 +58,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+async def server_health(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    try:
+        async with http.get(f"{url}/healthz") as response:
+            return dict(await response.json(content_type=None))
+    except (aiohttp.ClientError, ValueError):
+        return {}
+
+
+def server_cpu(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, float]:
+    """The server's own CPU use over the run, from its /healthz counters (when it reports them)."""
+    keys = ("process_cpu_s", "frames_sent_total")
+    if not all(k in before and k in after for k in keys):
+        return {}
+    cpu_s = after["process_cpu_s"] - before["process_cpu_s"]
+    frames = after["frames_sent_total"] - before["frames_sent_total"]
+    return {
+        "cpu_s": round(cpu_s, 3),
+        "frames": frames,
+        "cpu_ms_per_frame": round(1000.0 * cpu_s / frames, 3) if frames else float("nan"),
+        "cores_busy": round(cpu_s / wall_s, 3) if wall_s > 0 else float("nan"),
+    }
+
+
 async def run_sessions(
     url: str, audio: npt.NDArray[np.int16], sessions: int, ramp_s: float, avatar: str | None
-) -> list[CallReport | BaseException]:
+) -> tuple[list[CallReport | BaseException], dict[str, float]]:
     async with aiohttp.ClientSession() as http:
 
         async def one(i: int) -> CallReport:
@@ -68,7 +91,10 @@ async def run_sessions(
             recording = await call(url, audio, avatar=avatar, http=http)
             return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
 
-        return await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+        before, t0 = await server_health(http, url), time.monotonic()
+        results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
+        after = await server_health(http, url)
+        return results, server_cpu(before, after, time.monotonic() - t0)
 
 
 def late_knee(reports: list[CallReport]) -> dict[str, Any]:
@@ -144,6 +170,11 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"
         f" frame on {s['metadata_agreement_within_1_frame']}/{s['metadata_compared']}",
     ]
+    if s.get("server_cpu"):
+        c = s["server_cpu"]
+        lines.append(
+            f"  server CPU: {c['cpu_ms_per_frame']:.2f} ms per frame sent; {c['cores_busy']:.2f} cores busy"
+        )
     if s["sessions"] > 1:
         knee = s["late_from_sessions"]
         lines.append(f"  frames start arriving late at: {knee if knee else 'not reached'} active sessions")
@@ -179,7 +210,7 @@ def main(args: argparse.Namespace) -> int:
     if args.ice_addresses:
         restrict_host_addresses(args.ice_addresses)
     started = time.time()
-    results = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
+    results, cpu = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
     reports = [r for r in results if isinstance(r, CallReport)]
     errors = [r for r in results if not isinstance(r, CallReport)]
     for error in errors:
@@ -188,6 +219,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     knee = late_knee(reports)
     s = summary(reports, knee)
+    s["server_cpu"] = cpu
     print(format_summary(url, s, len(errors)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
