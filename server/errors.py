@@ -28,12 +28,34 @@ class BadRequestError(ApiError):
     status = 400
 
 
+class UnauthorizedError(ApiError):
+    """Missing or wrong bearer token (RFC 6750): 401 with a ``WWW-Authenticate: Bearer`` challenge."""
+
+    status = 401
+
+    def __init__(self, message: str, error: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error  # RFC 6750 error code, e.g. "invalid_token"; None when no token was sent
+
+    def headers(self) -> dict[str, str]:
+        challenge = 'Bearer realm="lipcast"'
+        if self.error is not None:
+            challenge += f', error="{self.error}"'
+        return {"WWW-Authenticate": challenge}
+
+
 class NotFoundError(ApiError):
     status = 404
 
 
 class UnsupportedMediaTypeError(ApiError):
     status = 415
+
+
+class NotImplementedApiError(ApiError):
+    """A method this server knows of but does not implement for any purpose (e.g. WHIP trickle ICE)."""
+
+    status = 501
 
 
 class CapacityError(ApiError):

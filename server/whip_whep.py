@@ -1,0 +1,207 @@
+"""The IETF WebRTC-HTTP protocols: WHIP (RFC 9725) ingest and WHEP (draft-ietf-wish-whep) egress.
+
+| method and path                                 | what                                                   |
+|-------------------------------------------------|--------------------------------------------------------|
+| ``POST /whip[?avatar=NAME]``                    | SDP offer in, ``201`` + ``Location`` + SDP answer out  |
+| ``DELETE /whip/{session_id}``                   | end the session (``200``)                              |
+| ``PATCH /whip/{session_id}``                    | ``501``: no trickle ICE or ICE restart (RFC 9725 4.3.1) |
+| ``POST /whep/{session_id}``                     | watch a session: ``201`` + ``Location`` + answer       |
+| ``DELETE /whep/{session_id}/viewers/{viewer}``  | stop watching (``200``)                                |
+| ``PATCH /whep/{session_id}/viewers/{viewer}``   | ``501`` as for WHIP                                    |
+| ``OPTIONS`` on all of them                      | CORS preflight, ``Accept-Post: application/sdp``       |
+| ``GET`` on a session or viewer resource         | ``204`` (the drafts give these resources no body)      |
+
+Errors: ``415`` for a body that is not ``application/sdp``, ``400`` for an SDP that does not parse or asks
+for what the resource cannot do, ``401`` + ``WWW-Authenticate: Bearer`` without the configured token, ``404``
+for an unknown session, viewer or avatar, ``503`` + ``Retry-After`` when the sessions or a session's viewers
+are all taken. Every failure leaves no session, viewer or task behind.
+
+The answers are complete (the server gathers its ICE candidates before answering), so a client that does not
+trickle needs nothing more; clients that trickle get ``501`` for their PATCH and, as RFC 9725 allows, go on
+with the candidates in their offer (the server also learns peer-reflexive candidates from their checks).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiortc import RTCSessionDescription
+from multidict import CIMultiDict
+
+from server.auth import require_bearer
+from server.config import IceServer
+from server.errors import BadRequestError, NotFoundError, NotImplementedApiError, UnsupportedMediaTypeError
+from server.sessions import Session
+from server.state import SETTINGS, runtime_of
+from server.viewers import Viewer
+
+SDP_TYPE = "application/sdp"
+MAX_SDP_BYTES = 64 * 1024
+ALLOWED_METHODS = "OPTIONS, POST, GET, DELETE, PATCH"
+ALLOWED_HEADERS = "Authorization, Content-Type, If-Match"
+EXPOSED_HEADERS = "Location, Link, ETag, Accept-Patch, Accept-Post, Retry-After, WWW-Authenticate"
+PREFLIGHT_MAX_AGE_S = 600
+PATCH_NOT_SUPPORTED = "no trickle ICE or ICE restarts here (PATCH); send a fully gathered offer"
+
+
+async def read_sdp_offer(request: web.Request) -> str:
+    """The body of a POST that must be an SDP offer: 415 for another media type, 400 for an empty one."""
+    if request.content_type.lower() != SDP_TYPE:
+        raise UnsupportedMediaTypeError(
+            f"the offer must be sent as Content-Type: {SDP_TYPE}, not {request.content_type!r}"
+        )
+    body = await request.read()
+    if len(body) > MAX_SDP_BYTES:
+        raise BadRequestError(f"the SDP offer is longer than {MAX_SDP_BYTES} bytes")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequestError("the SDP offer is not UTF-8 text") from e
+    if not text.strip():
+        raise BadRequestError("the SDP offer is empty")
+    if not text.lstrip().startswith("v=0"):
+        raise BadRequestError("malformed SDP offer: it must start with v=0")
+    return text
+
+
+def ice_server_links(servers: tuple[IceServer, ...]) -> list[str]:
+    """``Link`` header values for the STUN/TURN servers (RFC 9725 section 4.6)."""
+    links = []
+    for server in servers:
+        for url in server.urls:
+            link = f'<{url}>; rel="ice-server"'
+            if server.username is not None:
+                link += f'; username="{server.username}"'
+            if server.credential is not None:
+                link += f'; credential="{server.credential}"; credential-type="password"'
+            links.append(link)
+    return links
+
+
+def created(request: web.Request, location: str, answer_sdp: str) -> web.Response:
+    headers: CIMultiDict[str] = CIMultiDict(Location=location)
+    for link in ice_server_links(request.app[SETTINGS].ice_servers):
+        headers.add("Link", link)
+    return web.Response(status=201, text=answer_sdp, content_type=SDP_TYPE, headers=headers)
+
+
+# ---- WHIP ----
+
+
+async def whip_create(request: web.Request) -> web.Response:
+    require_bearer(request)
+    runtime = runtime_of(request)
+    offer = await read_sdp_offer(request)
+    avatar = request.query.get("avatar") or None
+    answer = await runtime.sessions.create(
+        RTCSessionDescription(sdp=offer, type="offer"), avatar, signalling="whip"
+    )
+    location = request.app.router["whip-session"].url_for(session_id=answer.session_id)
+    return created(request, str(location), answer.sdp)
+
+
+def whip_session(request: web.Request) -> Session:
+    session = runtime_of(request).sessions.get(request.match_info["session_id"])
+    if session.signalling != "whip":
+        raise NotFoundError(f"no WHIP session {session.id!r}")
+    return session
+
+
+async def whip_delete(request: web.Request) -> web.Response:
+    require_bearer(request)
+    session = whip_session(request)
+    await session.close("deleted by WHIP client")
+    return web.Response(status=200)
+
+
+async def whip_get(request: web.Request) -> web.Response:
+    require_bearer(request)
+    whip_session(request)
+    return web.Response(status=204)
+
+
+async def whip_patch(request: web.Request) -> web.Response:
+    require_bearer(request)
+    whip_session(request)
+    raise NotImplementedApiError(PATCH_NOT_SUPPORTED)
+
+
+# ---- WHEP ----
+
+
+async def whep_create(request: web.Request) -> web.Response:
+    require_bearer(request)
+    runtime = runtime_of(request)
+    session = runtime.sessions.get(request.match_info["session_id"])
+    offer = await read_sdp_offer(request)
+    answer = await session.viewers.add(offer)
+    location = request.app.router["whep-viewer"].url_for(session_id=session.id, viewer_id=answer.viewer_id)
+    return created(request, str(location), answer.sdp)
+
+
+def whep_viewer(request: web.Request) -> Viewer:
+    session = runtime_of(request).sessions.get(request.match_info["session_id"])
+    return session.viewers.get(request.match_info["viewer_id"])
+
+
+async def whep_delete(request: web.Request) -> web.Response:
+    require_bearer(request)
+    viewer = whep_viewer(request)
+    await viewer.close("deleted by WHEP client")
+    return web.Response(status=200)
+
+
+async def whep_get(request: web.Request) -> web.Response:
+    require_bearer(request)
+    whep_viewer(request)
+    return web.Response(status=204)
+
+
+async def whep_patch(request: web.Request) -> web.Response:
+    require_bearer(request)
+    whep_viewer(request)
+    raise NotImplementedApiError(PATCH_NOT_SUPPORTED)
+
+
+# ---- CORS ----
+
+
+async def preflight(request: web.Request) -> web.Response:
+    """CORS preflight; never authenticated (browsers send no credentials with it)."""
+    headers = {
+        "Access-Control-Allow-Methods": ALLOWED_METHODS,
+        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+        "Allow": ALLOWED_METHODS,
+    }
+    resource = request.match_info.route.resource
+    if resource is not None and resource.name in ("whip-endpoint", "whep-endpoint"):
+        headers["Accept-Post"] = SDP_TYPE
+    return web.Response(status=204, headers=headers)
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Let browser WHIP/WHEP clients on other origins use these resources (errors included)."""
+    if request.path.startswith(("/whip", "/whep")):
+        response.headers.setdefault("Access-Control-Allow-Origin", "*")
+        response.headers.setdefault("Access-Control-Expose-Headers", EXPOSED_HEADERS)
+
+
+def setup(app: web.Application) -> None:
+    router = app.router
+    whip = router.add_resource("/whip", name="whip-endpoint")
+    whip.add_route("OPTIONS", preflight)
+    whip.add_route("POST", whip_create)
+    whip_resource = router.add_resource("/whip/{session_id}", name="whip-session")
+    whip_resource.add_route("OPTIONS", preflight)
+    whip_resource.add_route("GET", whip_get)
+    whip_resource.add_route("DELETE", whip_delete)
+    whip_resource.add_route("PATCH", whip_patch)
+    whep = router.add_resource("/whep/{session_id}", name="whep-endpoint")
+    whep.add_route("OPTIONS", preflight)
+    whep.add_route("POST", whep_create)
+    whep_resource = router.add_resource("/whep/{session_id}/viewers/{viewer_id}", name="whep-viewer")
+    whep_resource.add_route("OPTIONS", preflight)
+    whep_resource.add_route("GET", whep_get)
+    whep_resource.add_route("DELETE", whep_delete)
+    whep_resource.add_route("PATCH", whep_patch)
+    app.on_response_prepare.append(cors_headers)
