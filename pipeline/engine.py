@@ -7,6 +7,10 @@ waiting to fill a batch: while one batch runs the next one accumulates, so a lig
 at batch 1 and a loaded one batches automatically ("continuous batching").
 
 Fixed batch sizes keep every shape seen at run time also seen at warm-up (cuDNN autotuning, CUDA graphs).
+
+Only the worker calls the backend while it runs. Work that must touch the backend at run time (adding an
+avatar that a user just uploaded) is queued to the worker as a command, which overtakes queued frames and
+runs between two batches.
 """
 
 from __future__ import annotations
@@ -33,12 +37,23 @@ class EngineStoppedError(RuntimeError):
     """The engine is not running."""
 
 
+class DeadlineExpiredError(RuntimeError):
+    """The frame's presentation time passed before the engine reached it; it was not rendered."""
+
+
 @dataclass
 class _Pending:
     session_id: str
     item: RenderItem
     future: Future[RenderedPatch]
     submitted_s: float
+    deadline_s: float | None
+
+
+@dataclass
+class _Command:
+    run: Callable[[], None]
+    future: Future[None]
 
 
 @dataclass
@@ -49,6 +64,7 @@ class EngineStats:
     frames: int = 0
     padded_frames: int = 0
     failed_batches: int = 0
+    expired: int = 0  # requests dropped because their deadline passed while queued
     busy_s: float = 0.0
     batch_size_counts: dict[int, int] = field(default_factory=dict)
     last_batch_ms: float = 0.0
@@ -80,6 +96,7 @@ class RenderEngine:
         self.stats = EngineStats()
         self._clock = clock
         self._queue: deque[_Pending] = deque()
+        self._commands: deque[_Command] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -109,11 +126,34 @@ class RenderEngine:
             self._thread = None
         self._fail_all(EngineStoppedError("render engine stopped"))
 
-    # -- avatars and warm-up (called before start, or from the owner while idle) ---------------------------
+    # -- avatars and warm-up --------------------------------------------------------------------------------
 
     def add_avatar(self, avatar: Avatar) -> None:
+        """Prepare ``avatar`` on the backend; returns when frames of it can be submitted.
+
+        Safe from any thread at any time: while the worker runs it does this between two batches (the
+        caller blocks until then, so call it from a worker thread, not the event loop).
+        """
+        self._on_worker(lambda: self._add_avatar(avatar))
+
+    def _add_avatar(self, avatar: Avatar) -> None:
         self.backend.add_avatar(avatar)
         self._avatars[avatar.name] = avatar
+
+    def _on_worker(self, run: Callable[[], None]) -> None:
+        """Run ``run`` on the worker thread when it is running (waiting for it), else here and now."""
+        future: Future[None] = Future()
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("render engine is stopping")
+            queued = self.running and threading.current_thread() is not self._thread
+            if queued:
+                self._commands.append(_Command(run, future))
+                self._cond.notify()
+        if not queued:
+            run()
+            return
+        future.result()
 
     def has_avatar(self, name: str) -> bool:
         return name in self._avatars
@@ -137,14 +177,21 @@ class RenderEngine:
 
     # -- submission -------------------------------------------------------------------------------------
 
-    def submit(self, session_id: str, item: RenderItem) -> Future[RenderedPatch]:
-        """Queue one frame; the future resolves with its patch (or the batch's exception)."""
+    def submit(
+        self, session_id: str, item: RenderItem, deadline_s: float | None = None
+    ) -> Future[RenderedPatch]:
+        """Queue one frame; the future resolves with its patch (or the batch's exception).
+
+        ``deadline_s`` (on the engine's clock) is when the frame is presented: a request still queued then
+        fails with :class:`DeadlineExpiredError` instead of being rendered, so an engine that falls behind
+        drops work rather than letting queues and latency grow.
+        """
         future: Future[RenderedPatch] = Future()
         with self._cond:
             if self._stopping or not self.running:
                 future.set_exception(EngineStoppedError("render engine is not running"))
                 return future
-            self._queue.append(_Pending(session_id, item, future, self._clock()))
+            self._queue.append(_Pending(session_id, item, future, self._clock(), deadline_s))
             self._cond.notify()
         return future
 
@@ -165,25 +212,51 @@ class RenderEngine:
 
     # -- worker ---------------------------------------------------------------------------------------------
 
-    def _take_batch(self) -> list[_Pending] | None:
+    def _take_work(self) -> tuple[list[_Command], list[_Pending]] | None:
+        """Commands first (they overtake frames), else a batch; None when stopping."""
         with self._cond:
-            while not self._queue and not self._stopping:
+            while not self._queue and not self._commands and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
+            if self._commands:
+                commands = list(self._commands)
+                self._commands.clear()
+                return commands, []
             limit = self.batch_sizes[-1]
+            now = self._clock()
             batch: list[_Pending] = []
+            expired: list[_Pending] = []
             while self._queue and len(batch) < limit:
                 pending = self._queue.popleft()
-                if pending.future.set_running_or_notify_cancel():
-                    batch.append(pending)
-            return batch
+                if not pending.future.set_running_or_notify_cancel():
+                    continue
+                late = pending.deadline_s is not None and pending.deadline_s <= now
+                (expired if late else batch).append(pending)
+        if expired:
+            self.stats.expired += len(expired)
+            for pending in expired:
+                pending.future.set_exception(DeadlineExpiredError("frame deadline passed before rendering"))
+        return [], batch
+
+    def _run_commands(self, commands: list[_Command]) -> None:
+        for command in commands:
+            if not command.future.set_running_or_notify_cancel():
+                continue
+            try:
+                command.run()
+            except Exception as e:  # reported to the caller, who waits on it
+                command.future.set_exception(e)
+            else:
+                command.future.set_result(None)
 
     def _run(self) -> None:
         while True:
-            batch = self._take_batch()
-            if batch is None:
+            work = self._take_work()
+            if work is None:
                 return
+            commands, batch = work
+            self._run_commands(commands)
             if batch:
                 self._render(batch)
 
@@ -215,6 +288,11 @@ class RenderEngine:
         with self._cond:
             pending = list(self._queue)
             self._queue.clear()
+            commands = list(self._commands)
+            self._commands.clear()
         for p in pending:
             if not p.future.done():
                 p.future.set_exception(error)
+        for command in commands:
+            if not command.future.done():
+                command.future.set_exception(error)

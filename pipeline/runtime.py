@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,13 @@ import torch
 from pipeline.backend import LipSyncBackend
 
 logger = logging.getLogger(__name__)
+
+CUDA_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+CPU_BATCH_SIZES = (1, 2, 4, 8)
+RENDER_BUDGET_MS = 40.0  # one frame: the built-in backend, and Wav2Lip on a GPU, render in a few ms
+# Wav2Lip on a CPU takes ~45 ms a frame alone and ~30 ms a frame in batches of 8: it keeps up with 25 fps
+# only when frames can wait to be batched.
+CPU_WAV2LIP_RENDER_BUDGET_MS = 400.0
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -43,14 +51,29 @@ def device_report(device: torch.device) -> dict[str, Any]:
     return report
 
 
+def default_batch_sizes(device: torch.device) -> tuple[int, ...]:
+    """The engine's batch buckets: up to 128 frames on a GPU, up to 8 on a CPU (where bigger batches only
+    add latency)."""
+    return CUDA_BATCH_SIZES if device.type == "cuda" else CPU_BATCH_SIZES
+
+
+def default_render_budget_ms(backend: str, device: torch.device) -> float:
+    """How long a frame may take from submission to presentation before it is replaced."""
+    if backend == "wav2lip" and device.type != "cuda":
+        return CPU_WAV2LIP_RENDER_BUDGET_MS
+    return RENDER_BUDGET_MS
+
+
 def create_backend(
     name: str,
     device: torch.device,
     *,
     checkpoint: Path | None = None,
     lookahead_ms: float | None = None,
+    batch_sizes: Sequence[int] = (),
+    wav2lip_alignment: str = "inference",
 ) -> LipSyncBackend:
-    """Build the named backend on ``device``."""
+    """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation)."""
     if name == "builtin":
         from pipeline.builtin import BuiltinBackend
 
@@ -61,5 +84,9 @@ def create_backend(
 
         if checkpoint is None:
             raise ValueError("the wav2lip backend needs a checkpoint file")
-        return Wav2LipBackend(checkpoint, device=device)
+        from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT
+
+        offset = TRAINING_ALIGNMENT if wav2lip_alignment == "training" else INFERENCE_ALIGNMENT
+        sizes = tuple(batch_sizes) or default_batch_sizes(device)
+        return Wav2LipBackend(checkpoint, device=device, batch_sizes=sizes, window_offset_frames=offset)
     raise ValueError(f"unknown backend {name!r}")

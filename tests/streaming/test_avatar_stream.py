@@ -25,7 +25,9 @@ class ManualRenderer:
         self.submitted: list[tuple[str, RenderItem, Future[RenderedPatch]]] = []
         self.cancelled: list[str] = []
 
-    def submit(self, session_id: str, item: RenderItem) -> Future[RenderedPatch]:
+    def submit(
+        self, session_id: str, item: RenderItem, deadline_s: float | None = None
+    ) -> Future[RenderedPatch]:
         future: Future[RenderedPatch] = Future()
         self.submitted.append((session_id, item, future))
         return future
@@ -35,7 +37,7 @@ class ManualRenderer:
         return 0
 
 
-def make_stream(renderer, lookahead_samples: int = 0, frames: int = 1, clock=None):
+def make_stream(renderer, lookahead_samples: int = 0, frames: int = 1, clock=None, crossfade_frames: int = 1):
     clock = clock or FakeClock()
     buffer = InputAudioBuffer(48_000, target_ms=40)
     stream = AvatarStream(
@@ -46,6 +48,7 @@ def make_stream(renderer, lookahead_samples: int = 0, frames: int = 1, clock=Non
         buffer,
         clock,
         render_budget_ms=40,
+        crossfade_frames=crossfade_frames,
     )
     return stream, buffer, clock
 

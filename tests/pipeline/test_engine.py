@@ -1,0 +1,123 @@
+"""The render engine: cross-session batching, order, padding to fixed sizes, deadlines, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, wait
+
+import numpy as np
+import pytest
+
+from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.engine import DeadlineExpiredError, EngineStoppedError, RenderEngine, bucket_for
+from tests.fakes import FakeBackend, tiny_avatar
+
+
+class SlowBackend(FakeBackend):
+    """Renders slowly so requests pile up and get batched; the patch encodes (level, frame index)."""
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def render(self, items):  # type: ignore[override]
+        self.gate.wait()
+        time.sleep(self.delay_s)
+        self.batches.append(list(items))
+        return [
+            RenderedPatch(np.array([[[item.frame_index, int(item.conditioning[0]), 0]]], np.uint8), 0, 0)
+            for item in items
+        ]
+
+
+def item(frame: int, value: int = 0) -> RenderItem:
+    return RenderItem("tiny", frame, np.array([value], np.float32))
+
+
+def make_engine(backend, sizes=(1, 2, 4, 8)) -> RenderEngine:
+    engine = RenderEngine(backend, sizes)
+    engine.add_avatar(tiny_avatar())
+    engine.start()
+    return engine
+
+
+def test_bucket_for() -> None:
+    assert [bucket_for(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 8]
+
+
+def test_each_session_gets_its_own_frames_in_order_under_mixed_load() -> None:
+    backend = SlowBackend(delay_s=0.005)
+    engine = make_engine(backend)
+    try:
+        futures: dict[int, list[Future[RenderedPatch]]] = {s: [] for s in range(5)}
+        rng = np.random.default_rng(0)
+        for step in range(200):
+            session = int(rng.integers(0, 5))
+            futures[session].append(engine.submit(f"s{session}", item(len(futures[session]), session)))
+            if step % 17 == 0:
+                time.sleep(0.003)
+        wait([f for fs in futures.values() for f in fs], timeout=10)
+        for session, fs in futures.items():
+            got = [f.result().pixels[0, 0].tolist() for f in fs]
+            assert got == [[i, session, 0] for i in range(len(fs))]
+        sizes = {len(b) for b in backend.batches}
+        assert sizes <= {1, 2, 4, 8} and max(sizes) > 1  # padded to fixed sizes, and batched across sessions
+        assert engine.stats.frames == 200
+        mixed = [b for b in backend.batches if len({int(i.conditioning[0]) for i in b}) > 1]
+        assert mixed, "no batch mixed sessions"
+    finally:
+        engine.stop()
+
+
+def test_requests_past_their_deadline_are_dropped_not_rendered() -> None:
+    backend = SlowBackend()
+    backend.gate.clear()
+    engine = make_engine(backend, sizes=(1,))
+    try:
+        first = engine.submit("s", item(0))  # occupies the worker while the gate is shut
+        time.sleep(0.05)
+        late = engine.submit("s", item(1), deadline_s=time.monotonic() + 0.01)
+        on_time = engine.submit("s", item(2), deadline_s=time.monotonic() + 10)
+        time.sleep(0.05)
+        backend.gate.set()
+        assert first.result(5).pixels[0, 0, 0] == 0
+        with pytest.raises(DeadlineExpiredError):
+            late.result(5)
+        assert on_time.result(5).pixels[0, 0, 0] == 2
+        assert engine.stats.expired == 1
+        assert all(i.frame_index != 1 for b in backend.batches for i in b)
+    finally:
+        engine.stop()
+
+
+def test_a_failing_batch_fails_its_requests_and_the_engine_goes_on() -> None:
+    backend = FakeBackend()
+    engine = make_engine(backend)
+    try:
+        backend.fail_next = True
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.submit("s", item(0)).result(5)
+        assert engine.submit("s", item(1)).result(5).pixels.shape == (8, 8, 3)
+        assert engine.stats.failed_batches == 1
+    finally:
+        engine.stop()
+
+
+def test_cancel_session_and_stop_release_every_request() -> None:
+    backend = SlowBackend()
+    backend.gate.clear()
+    engine = make_engine(backend, sizes=(1,))
+    busy = engine.submit("a", item(0))
+    time.sleep(0.05)
+    queued_a = [engine.submit("a", item(i)) for i in range(1, 4)]
+    queued_b = engine.submit("b", item(9))
+    assert engine.cancel_session("a") == 3
+    assert all(f.cancelled() for f in queued_a)
+    backend.gate.set()
+    busy.result(5)
+    queued_b.result(5)
+    engine.stop()
+    assert engine.submit("b", item(1)).exception(1).__class__ is EngineStoppedError
