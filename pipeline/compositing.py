@@ -7,7 +7,11 @@ Pure tensor code: the same functions run on the CPU and on CUDA. Images are floa
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
+
+from pipeline.backend import RenderedPatch
 
 
 def smoothstep(edge0: float, edge1: float, x: torch.Tensor) -> torch.Tensor:
@@ -43,3 +47,17 @@ def feathered_box_mask(
 def blend(base: torch.Tensor, patch: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``base * (1 - mask) + patch * mask``, broadcasting the mask over channels and batch."""
     return torch.lerp(base, patch, mask)
+
+
+def paste_patch(base: npt.NDArray[np.uint8], patch: RenderedPatch, mix: float = 1.0) -> npt.NDArray[np.uint8]:
+    """On the host: a copy of ``base`` (H, W, 3) with ``patch`` written at its place, over it with weight
+    ``mix`` (1: replace; below 1: a crossfade toward ``base``)."""
+    frame = base.copy()
+    h, w = patch.pixels.shape[:2]
+    region = frame[patch.top : patch.top + h, patch.left : patch.left + w]
+    if mix >= 1.0:
+        region[:] = patch.pixels
+    elif mix > 0.0:
+        blended = region + (patch.pixels.astype(np.float32) - region) * np.float32(mix)
+        region[:] = (blended + 0.5).astype(np.uint8)
+    return frame
