@@ -5,12 +5,16 @@ Layout of an avatar directory::
     NAME/
       manifest.json     {"version": 1, "name", "fps", "width", "height", "frames": [...],
                          "face_boxes": [[x1, y1, x2, y2], ...],
-                         "mouths": [[lx, ly, rx, ry, lip_y, chin_y], ...], optional "source", "license"}
+                         "mouths": [[lx, ly, rx, ry, lip_y, chin_y], ...],
+                         optional "eyes": [[lx, ly, rx, ry], ...], "idle_motion", "source", "license", ...}
       frames/000000.png ...
 
 Coordinates are frame pixels, x to the right, y down. Face boxes are ``[x1, y1, x2, y2)``. A mouth row is the
 left and right lip corners, the y where the lips meet on the mouth's centre line, and the y of the chin's
-lowest point. Frames are kept as RGB uint8.
+lowest point. An eyes row (optional, version 1 files without it still load) is the centres of the eye on the
+frame's left and of the one on its right; a still avatar with eyes blinks at rest (:mod:`pipeline.idle`).
+``idle_motion`` (default true) lets a one-frame avatar breathe and blink at rest. Frames are kept as RGB
+uint8 (PNG or JPEG files).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 BUILTIN_AVATAR_DIR = Path(__file__).resolve().parent / "avatars"
 DEFAULT_AVATAR = "astronaut"
+JPEG_QUALITY = 95  # frames of video avatars (the source is lossy already)
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 MOUTH_FIELDS = ("left_x", "left_y", "right_x", "right_y", "lip_y", "chin_y")
+EYE_FIELDS = ("left_x", "left_y", "right_x", "right_y")
+META_KEYS = ("source", "license", "description", "idle_motion", "prepared")
 
 
 class AvatarError(ValueError):
@@ -68,7 +75,8 @@ class Avatar:
     """An avatar in memory.
 
     ``frames``: (T, H, W, 3) uint8 RGB; ``face_boxes``: (T, 4) int32 x1, y1, x2, y2;
-    ``mouths``: (T, 6) float32 in :data:`MOUTH_FIELDS` order.
+    ``mouths``: (T, 6) float32 in :data:`MOUTH_FIELDS` order; ``eyes``: None or (T, 4) float32 in
+    :data:`EYE_FIELDS` order.
     """
 
     name: str
@@ -78,9 +86,10 @@ class Avatar:
     mouths: npt.NDArray[np.float32]
     root: Path | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    eyes: npt.NDArray[np.float32] | None = None
 
     def __post_init__(self) -> None:
-        validate_arrays(self.name, self.frames, self.face_boxes, self.mouths)
+        validate_arrays(self.name, self.frames, self.face_boxes, self.mouths, self.eyes)
 
     @property
     def frame_count(self) -> int:
@@ -109,6 +118,7 @@ def validate_arrays(
     frames: npt.NDArray[np.uint8],
     face_boxes: npt.NDArray[np.int32],
     mouths: npt.NDArray[np.float32],
+    eyes: npt.NDArray[np.float32] | None = None,
 ) -> None:
     if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
         raise AvatarError(f"avatar {name!r}: frames must be (T, H, W, 3) uint8, got {frames.shape}")
@@ -129,6 +139,14 @@ def validate_arrays(
         raise AvatarError(f"avatar {name!r}: mouth geometry is inconsistent (corners or chin)")
     if (mouths < 0).any() or (mouths[:, [0, 2]] >= width).any() or (mouths[:, [1, 3, 4, 5]] >= height).any():
         raise AvatarError(f"avatar {name!r}: mouth geometry lies outside the frame")
+    if eyes is None:
+        return
+    if eyes.shape != (count, len(EYE_FIELDS)):
+        raise AvatarError(f"avatar {name!r}: {count} frames but eyes has shape {eyes.shape}")
+    if not np.isfinite(eyes).all() or (eyes[:, 2] <= eyes[:, 0]).any():
+        raise AvatarError(f"avatar {name!r}: eye positions are inconsistent (left eye not left of right)")
+    if (eyes < 0).any() or (eyes[:, [0, 2]] >= width).any() or (eyes[:, [1, 3]] >= height).any():
+        raise AvatarError(f"avatar {name!r}: eye positions lie outside the frame")
 
 
 def _read_rgb(path: Path) -> npt.NDArray[np.uint8]:
@@ -185,40 +203,77 @@ def load_avatar(root: Path) -> Avatar:
     try:
         boxes = np.asarray(manifest["face_boxes"], dtype=np.int32)
         mouths = np.asarray(manifest["mouths"], dtype=np.float32)
+        eyes = None if manifest.get("eyes") is None else np.asarray(manifest["eyes"], dtype=np.float32)
         fps = int(manifest["fps"])
     except (TypeError, ValueError) as e:
-        raise AvatarError(f"avatar {name!r}: malformed face_boxes, mouths or fps: {e}") from e
+        raise AvatarError(f"avatar {name!r}: malformed face_boxes, mouths, eyes or fps: {e}") from e
     if not 1 <= fps <= 120:
         raise AvatarError(f"avatar {name!r}: fps {fps} out of range")
-    meta = {k: v for k, v in manifest.items() if k in ("source", "license", "description")}
-    return Avatar(name, fps, stacked, boxes, mouths, root=root, meta=meta)
+    meta = {k: v for k, v in manifest.items() if k in META_KEYS}
+    return Avatar(name, fps, stacked, boxes, mouths, root=root, meta=meta, eyes=eyes)
+
+
+def write_frame(root: Path, index: int, frame: npt.NDArray[np.uint8], extension: str = "png") -> str:
+    """Write RGB ``frame`` as ``frames/NNNNNN.<extension>`` under ``root``; returns that relative path."""
+    rel = f"frames/{index:06d}.{extension}"
+    params = [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY] if extension == "jpg" else []
+    if not cv2.imwrite(str(root / rel), cv2.cvtColor(frame, cv2.COLOR_RGB2BGR), params):
+        raise AvatarError(f"cannot write {root / rel}")
+    return rel
+
+
+def write_manifest(
+    root: Path,
+    *,
+    name: str,
+    fps: int,
+    width: int,
+    height: int,
+    frame_files: list[str],
+    face_boxes: npt.NDArray[np.int32],
+    mouths: npt.NDArray[np.float32],
+    eyes: npt.NDArray[np.float32] | None = None,
+    **meta: Any,
+) -> Path:
+    """Write ``root/manifest.json`` (version :data:`MANIFEST_VERSION`). Returns its path."""
+    manifest: dict[str, Any] = {
+        "version": MANIFEST_VERSION,
+        "name": name,
+        "fps": fps,
+        "width": width,
+        "height": height,
+        "frames": frame_files,
+        "face_boxes": np.asarray(face_boxes, dtype=np.int32).tolist(),
+        "mouths": _rounded_rows(mouths),
+    }
+    if eyes is not None:
+        manifest["eyes"] = _rounded_rows(eyes)
+    manifest.update(meta)
+    path = root / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def _rounded_rows(rows: npt.NDArray[np.float32]) -> list[list[float]]:
+    return [[round(float(v), 2) for v in row] for row in rows]
 
 
 def write_avatar(avatar: Avatar, root: Path, **meta: Any) -> Path:
     """Write ``avatar`` as an avatar directory (frames as PNG). Returns the manifest path."""
-    frames_dir = root / "frames"
-    frames_dir.mkdir(parents=True, exist_ok=True)
-    names = []
-    for i, frame in enumerate(avatar.frames):
-        rel = f"frames/{i:06d}.png"
-        if not cv2.imwrite(str(root / rel), cv2.cvtColor(frame, cv2.COLOR_RGB2BGR)):
-            raise AvatarError(f"cannot write {root / rel}")
-        names.append(rel)
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "name": avatar.name,
-        "fps": avatar.fps,
-        "width": avatar.width,
-        "height": avatar.height,
-        "frames": names,
-        "face_boxes": avatar.face_boxes.tolist(),
-        "mouths": [[round(float(v), 2) for v in row] for row in avatar.mouths],
-        **avatar.meta,
-        **meta,
-    }
-    path = root / MANIFEST_NAME
-    path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    return path
+    (root / "frames").mkdir(parents=True, exist_ok=True)
+    names = [write_frame(root, i, frame) for i, frame in enumerate(avatar.frames)]
+    return write_manifest(
+        root,
+        name=avatar.name,
+        fps=avatar.fps,
+        width=avatar.width,
+        height=avatar.height,
+        frame_files=names,
+        face_boxes=avatar.face_boxes,
+        mouths=avatar.mouths,
+        eyes=avatar.eyes,
+        **{**avatar.meta, **meta},
+    )
 
 
 def discover_avatars(directories: Iterable[Path]) -> dict[str, Path]:
@@ -231,5 +286,7 @@ def discover_avatars(directories: Iterable[Path]) -> dict[str, Path]:
         if not directory.is_dir():
             continue
         for manifest in sorted(directory.glob(f"*/{MANIFEST_NAME}")):
+            if manifest.parent.name.startswith("."):  # work directories of preparations in progress
+                continue
             found.setdefault(manifest.parent.name, manifest.parent)
     return found

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
 from pipeline.engine import RenderEngine
+from pipeline.registry import AvatarRegistry
 from pipeline.runtime import create_backend, device_report, resolve_device
-from server import routes
+from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
 from server.sessions import SessionManager
@@ -23,8 +25,16 @@ logger = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 1 << 20
 
 
+def avatar_search_path(settings: Settings) -> tuple[Path, ...]:
+    """Where avatars are looked for: the upload directory first (avatars users prepared), then the rest."""
+    dirs = settings.avatar_dirs
+    if settings.upload_dir is not None and settings.upload_dir not in dirs:
+        dirs = (settings.upload_dir, *dirs)
+    return dirs
+
+
 def load_avatars(settings: Settings) -> dict[str, Avatar]:
-    found = discover_avatars(settings.avatar_dirs)
+    found = discover_avatars(avatar_search_path(settings))
     avatars: dict[str, Avatar] = {}
     for name, root in found.items():
         try:
@@ -48,12 +58,13 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
     )
     avatars = load_avatars(settings)
     engine = RenderEngine(backend, settings.batch_sizes)
+    registry = AvatarRegistry(engine)
     for avatar in avatars.values():
-        engine.add_avatar(avatar)
+        registry.add(avatar)
     engine.warmup()
     report = device_report(device)  # the backend may have switched cudnn.benchmark on
-    sessions = SessionManager(settings, backend, engine, avatars, clock)
-    return Runtime(settings, backend, engine, avatars, sessions, report)
+    sessions = SessionManager(settings, backend, engine, registry, clock)
+    return Runtime(settings, backend, engine, registry, sessions, report)
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -93,4 +104,5 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Applica
     app.cleanup_ctx.append(_runtime_ctx)
     app.on_shutdown.append(_close_sessions)
     routes.setup(app)
+    avatar_routes.setup(app, routes.avatar_json)
     return app

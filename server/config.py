@@ -61,6 +61,13 @@ class Settings:
     virtualcam_device: str | None = None  # None: the first v4l2loopback device
     static_dir: Path = field(default=PROJECT_ROOT / "static")
     log_level: str = "INFO"
+    # Avatar uploads (POST /avatars): where prepared avatars go (None: the first --avatar-dir, else no
+    # uploads), and what an upload may be.
+    upload_dir: Path | None = None
+    max_upload_mb: float = 50.0
+    max_upload_duration_s: float = 30.0
+    max_upload_side_px: int = 1920
+    avatar_max_side_px: int = 640  # frames of prepared avatars are scaled to at most this a side
 
     def __post_init__(self) -> None:
         problems = []
@@ -82,6 +89,10 @@ class Settings:
             problems.append("lookahead_ms must be >= 0")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")
+        if self.max_upload_mb <= 0 or self.max_upload_duration_s <= 0:
+            problems.append("max_upload_mb and max_upload_duration_s must be positive")
+        if self.max_upload_side_px < 16 or self.avatar_max_side_px < 16:
+            problems.append("max_upload_side_px and avatar_max_side_px must be at least 16")
         if self.max_viewers < 0:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
@@ -167,6 +178,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", help="engine batch buckets, e.g. 1,2,4,8 (env LIPCAST_BATCH_SIZES)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (env LIPCAST_LOG_LEVEL)")
     p.add_argument(
+        "--upload-dir",
+        type=Path,
+        metavar="DIR",
+        help="where uploaded avatars are prepared; default: the first --avatar-dir (env LIPCAST_UPLOAD_DIR)",
+    )
+    p.add_argument("--max-upload-mb", type=float, help="largest avatar upload (env LIPCAST_MAX_UPLOAD_MB)")
+    p.add_argument(
+        "--max-upload-duration-s",
+        type=float,
+        help="longest avatar video upload (env LIPCAST_MAX_UPLOAD_DURATION_S)",
+    )
+    p.add_argument(
+        "--max-upload-side-px",
+        type=int,
+        help="largest side of an uploaded video or image (env LIPCAST_MAX_UPLOAD_SIDE_PX)",
+    )
+    p.add_argument(
+        "--avatar-max-side-px",
+        type=int,
+        help="prepared avatar frames are scaled to at most this a side (env LIPCAST_AVATAR_MAX_SIDE_PX)",
+    )
+    p.add_argument(
         "--auth-token",
         help="require 'Authorization: Bearer TOKEN' on WHIP, WHEP and /offer (env LIPCAST_AUTH_TOKEN)",
     )
@@ -225,6 +258,11 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "virtualcam": _flag,
         "checkpoint": Path,
         "static_dir": Path,
+        "upload_dir": Path,
+        "max_upload_mb": float,
+        "max_upload_duration_s": float,
+        "max_upload_side_px": int,
+        "avatar_max_side_px": int,
     }
     values: dict[str, Any] = {}
     for f in fields(Settings):
@@ -248,6 +286,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
 
     extra_dirs = args.avatar_dirs or [Path(p) for p in (_env(env, "AVATAR_DIRS") or "").split(":") if p]
     values["avatar_dirs"] = (*extra_dirs, *defaults.avatar_dirs)
+    if "upload_dir" not in values and extra_dirs:
+        values["upload_dir"] = extra_dirs[0]
 
     batch = args.batch_sizes or _env(env, "BATCH_SIZES")
     if batch:

@@ -51,7 +51,8 @@ def avatar_json(avatar: Avatar) -> dict[str, Any]:
         "name": avatar.name,
         "width": avatar.width,
         "height": avatar.height,
-        "frames": avatar.frame_count,
+        "frames": int(avatar.meta.get("source_frames", avatar.frame_count)),
+        "idle": avatar.meta.get("idle", "loop"),  # loop (a video's frames), breathing (a photo's) or still
         "preview_url": f"/avatars/{avatar.name}/preview.png",
         # Where the mouth moves in frame 0: a probe measures motion here.
         "mouth_box": [

@@ -7,9 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
 from pipeline.engine import RenderEngine
+from pipeline.registry import AvatarRegistry
 from server.config import Settings
 from server.sessions import SessionManager
 from streaming.clock import Clock
@@ -22,7 +22,7 @@ class Runtime:
     settings: Settings
     backend: LipSyncBackend
     engine: RenderEngine
-    avatars: dict[str, Avatar]
+    avatars: AvatarRegistry
     sessions: SessionManager
     device: dict[str, Any]
     ready: bool = False

@@ -5,6 +5,12 @@ buffer, feeds its 16 kHz version to the backend's featurizer, delays the 48 kHz 
 lookahead (so the frame and its audio leave together) and submits the frame to the render engine. The
 tick leaves ``render_budget_ms`` later through both outgoing tracks (:mod:`streaming.tracks`); a frame that
 is not rendered by then is replaced by the previous one, never waited for.
+
+Idle: the avatar frame shown at tick ``k`` follows the avatar's idle loop (:func:`idle_frame_index`) whether
+it speaks or not. At rest (the featurizer says its conditioning changes nothing, or the voice-activity flags
+have been quiet for :data:`IDLE_AFTER_QUIET_FRAMES` ticks) nothing is rendered and the loop's frame leaves as
+it is. Switches between the two crossfade: each tick carries ``mix``, the weight of the rendered patch over
+the avatar frame, which moves by ``1 / crossfade_frames`` per tick (renders continue while it fades out).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
 logger = logging.getLogger(__name__)
 
 INT16_SCALE = 32768.0
+CROSSFADE_FRAMES = 3  # idle <-> speaking switches blend over this many frames (120 ms at 25 fps)
+IDLE_AFTER_QUIET_FRAMES = 2  # ticks without voice activity (the VAD holds 200 ms itself) before idling
 
 
 class Renderer(Protocol):
@@ -55,6 +63,7 @@ class Tick:
     produced_s: float
     featurize_ms: float
     render_ms: float | None = None  # submit -> patch ready
+    mix: float = 1.0  # weight of the patch over the avatar frame (< 1 while crossfading)
 
 
 @dataclass
@@ -90,6 +99,7 @@ class AvatarStream:
         fps: int = 25,
         render_budget_ms: float = 40.0,
         capacity_ms: float = 2000.0,
+        crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.session_id = session_id
@@ -113,6 +123,9 @@ class AvatarStream:
         self._next_index = 0
         self._task: asyncio.Task[None] | None = None
         self.closed = False
+        self._mix_step = 1.0 / max(1, crossfade_frames)
+        self._mix = 0.0  # weight of rendered frames now: 0 idle, 1 speaking
+        self._quiet_ticks = IDLE_AFTER_QUIET_FRAMES  # ticks since the last voice activity
 
     @property
     def delay_ms(self) -> float:
@@ -206,9 +219,15 @@ class AvatarStream:
             featurize_ms=featurize_ms,
         )
         self.stats.ticks += 1
-        if self.featurizer.is_at_rest(conditioning):
+        voiced = pulled.speech or tick.speech  # the newest audio (lookahead) or this tick's own
+        self._quiet_ticks = 0 if voiced else self._quiet_ticks + 1
+        at_rest = self.featurizer.is_at_rest(conditioning) or self._quiet_ticks >= IDLE_AFTER_QUIET_FRAMES
+        step = -self._mix_step if at_rest else self._mix_step
+        self._mix = min(1.0, max(0.0, self._mix + step))
+        if self._mix == 0.0:
             self.stats.at_rest += 1
             return tick
+        tick.mix = self._mix
         submitted = self._perf()
         future = self.renderer.submit(
             self.session_id, RenderItem(self.avatar.name, frame_index, conditioning)

@@ -35,11 +35,16 @@ class VideoStats:
     failed: int = 0  # render raised: avatar frame shown as it is
 
 
-def paste(base: npt.NDArray[np.uint8], patch: RenderedPatch) -> npt.NDArray[np.uint8]:
-    """A copy of ``base`` with ``patch`` written at its place."""
+def paste(base: npt.NDArray[np.uint8], patch: RenderedPatch, mix: float = 1.0) -> npt.NDArray[np.uint8]:
+    """A copy of ``base`` with ``patch`` written at its place, blended over it with weight ``mix``."""
     frame = base.copy()
     h, w = patch.pixels.shape[:2]
-    frame[patch.top : patch.top + h, patch.left : patch.left + w] = patch.pixels
+    region = frame[patch.top : patch.top + h, patch.left : patch.left + w]
+    if mix >= 1.0:
+        region[:] = patch.pixels
+    elif mix > 0.0:
+        blended = region + (patch.pixels.astype(np.float32) - region) * np.float32(mix)
+        region[:] = (blended + 0.5).astype(np.uint8)
     return frame
 
 
@@ -100,7 +105,7 @@ class AvatarVideoTrack(MediaStreamTrack):
             self.stats.failed += 1
             image = base
         else:
-            image = paste(base, future.result())
+            image = paste(base, future.result(), tick.mix)
         self._last = image
         return image, False
 
