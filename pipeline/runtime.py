@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,15 @@ def default_render_budget_ms(backend: str, device: torch.device) -> float:
     if backend == "wav2lip" and device.type != "cuda":
         return CPU_WAV2LIP_RENDER_BUDGET_MS
     return RENDER_BUDGET_MS
+
+
+def configure_threads(backend: str, device: torch.device, requested: int | None = None) -> int:
+    """Set torch's CPU thread count: the built-in backend's renders are tiny (a thread each is fastest, and
+    the cores stay free for video encoding); Wav2Lip on a CPU needs every core. Returns the count."""
+    if requested is None:
+        requested = (os.cpu_count() or 1) if (backend == "wav2lip" and device.type == "cpu") else 1
+    torch.set_num_threads(max(1, requested))
+    return torch.get_num_threads()
 
 
 def create_backend(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +13,14 @@ from aiohttp import web
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
 from pipeline.engine import RenderEngine
 from pipeline.registry import AvatarRegistry
-from pipeline.runtime import create_backend, device_report, resolve_device
+from pipeline.runtime import (
+    configure_threads,
+    create_backend,
+    default_batch_sizes,
+    default_render_budget_ms,
+    device_report,
+    resolve_device,
+)
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
@@ -53,11 +61,22 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
     device = resolve_device(settings.device)
     report = device_report(device)
     logger.info("device: %s", report)
+    # Settings left to "auto" are decided here, once the device is known; the runtime keeps the result.
+    settings = settings.with_overrides(
+        batch_sizes=settings.batch_sizes or default_batch_sizes(device),
+        render_budget_ms=settings.render_budget_ms or default_render_budget_ms(settings.backend, device),
+    )
+    configure_threads(settings.backend, device, settings.torch_threads)
     backend = create_backend(
-        settings.backend, device, checkpoint=settings.checkpoint, lookahead_ms=settings.lookahead_ms
+        settings.backend,
+        device,
+        checkpoint=settings.checkpoint,
+        lookahead_ms=settings.lookahead_ms,
+        batch_sizes=settings.batch_sizes,
+        wav2lip_alignment=settings.wav2lip_alignment,
     )
     avatars = load_avatars(settings)
-    engine = RenderEngine(backend, settings.batch_sizes)
+    engine = RenderEngine(backend, settings.batch_sizes, clock=clock.now if clock else time.monotonic)
     registry = AvatarRegistry(engine)
     for avatar in avatars.values():
         registry.add(avatar)

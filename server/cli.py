@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from server import avatar_cli
+from server import avatar_cli, tools_cli
 from server.config import build_parser, settings_from
 from server.probe.cli import add_arguments as add_probe_arguments
 from streaming.rtc import restrict_host_addresses
@@ -58,6 +58,7 @@ def build_cli() -> argparse.ArgumentParser:
     add_probe_arguments(probe_parser)
     probe_parser.set_defaults(handler=probe)
     avatar_cli.add_commands(commands)
+    tools_cli.add_commands(commands)
     return parser
 
 

@@ -49,10 +49,12 @@ class Settings:
     avatar_dirs: tuple[Path, ...] = (BUILTIN_AVATAR_DIR,)
     fps: int = 25
     lookahead_ms: float | None = None  # None: the backend's default
+    wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
     jitter_buffer_ms: float = 60.0
-    render_budget_ms: float = 40.0
+    render_budget_ms: float | None = None  # None: 40 ms, or 400 ms for wav2lip on a CPU
     vad_aggressiveness: int = 2
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    torch_threads: int | None = None  # None: 1 for the built-in backend, every core for wav2lip on a CPU
+    batch_sizes: tuple[int, ...] = ()  # empty: 1..128 on CUDA, 1..8 on a CPU
     connect_timeout_s: float = 30.0
     auth_token: str | None = field(default=None, repr=False)  # Bearer token for WHIP, WHEP and /offer
     max_viewers: int = 8  # WHEP viewers per session
@@ -83,11 +85,13 @@ class Settings:
             problems.append("fps must be 25 (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
             problems.append("vad_aggressiveness must be 0..3")
-        if self.jitter_buffer_ms < 0 or self.render_budget_ms <= 0:
+        if self.jitter_buffer_ms < 0 or (self.render_budget_ms is not None and self.render_budget_ms <= 0):
             problems.append("jitter_buffer_ms must be >= 0 and render_budget_ms > 0")
         if self.lookahead_ms is not None and self.lookahead_ms < 0:
             problems.append("lookahead_ms must be >= 0")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
+        if self.wav2lip_alignment not in ("inference", "training"):
+            problems.append("wav2lip_alignment must be 'inference' or 'training'")
+        if self.batch_sizes and min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")
         if self.max_upload_mb <= 0 or self.max_upload_duration_s <= 0:
             problems.append("max_upload_mb and max_upload_duration_s must be positive")
@@ -174,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=range(4),
         help="webrtcvad mode 0-3 (env LIPCAST_VAD_AGGRESSIVENESS)",
+    )
+    p.add_argument(
+        "--wav2lip-alignment",
+        choices=("inference", "training"),
+        help="where a frame's 200 ms mel window starts: at the frame (inference, as published) or one frame"
+        " earlier (training; 40 ms less latency) (env LIPCAST_WAV2LIP_ALIGNMENT)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch CPU threads (default: 1 for builtin, all cores for wav2lip on a CPU)"
+        " (env LIPCAST_TORCH_THREADS)",
     )
     p.add_argument("--batch-sizes", help="engine batch buckets, e.g. 1,2,4,8 (env LIPCAST_BATCH_SIZES)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (env LIPCAST_LOG_LEVEL)")
@@ -263,6 +279,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "max_upload_duration_s": float,
         "max_upload_side_px": int,
         "avatar_max_side_px": int,
+        "torch_threads": int,
     }
     values: dict[str, Any] = {}
     for f in fields(Settings):

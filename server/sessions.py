@@ -22,6 +22,7 @@ from aiortc.rtcdatachannel import RTCDataChannel
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
+from pipeline.runtime import RENDER_BUDGET_MS
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
 from server.viewers import SessionViewers
@@ -255,7 +256,7 @@ class SessionManager:
             buffer,
             self.clock,
             fps=settings.fps,
-            render_budget_ms=settings.render_budget_ms,
+            render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
         )
         session = Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
         pc.on("track", session.on_track)

@@ -44,7 +44,11 @@ IDLE_AFTER_QUIET_FRAMES = 2  # ticks without voice activity (the VAD holds 200 m
 class Renderer(Protocol):
     """What the producer needs of the render engine."""
 
-    def submit(self, session_id: str, item: RenderItem) -> Future[RenderedPatch]: ...
+    def submit(
+        self, session_id: str, item: RenderItem, deadline_s: float | None = None
+    ) -> Future[RenderedPatch]:
+        """``deadline_s`` is on the stream's clock (the engine must share it): unrendered by then, drop."""
+        ...
 
     def cancel_session(self, session_id: str) -> int: ...
 
@@ -230,7 +234,9 @@ class AvatarStream:
         tick.mix = self._mix
         submitted = self._perf()
         future = self.renderer.submit(
-            self.session_id, RenderItem(self.avatar.name, frame_index, conditioning)
+            self.session_id,
+            RenderItem(self.avatar.name, frame_index, conditioning),
+            deadline_s=self.present_time(index),
         )
         self.stats.rendered += 1
 

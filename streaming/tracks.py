@@ -16,7 +16,8 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
-from pipeline.backend import RenderedPatch
+from pipeline.compositing import paste_patch
+from pipeline.engine import DeadlineExpiredError
 from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
 
@@ -33,19 +34,6 @@ class VideoStats:
     late: int = 0  # render not ready at presentation: previous frame repeated
     skipped: int = 0  # the sender fell behind: frames not sent at all
     failed: int = 0  # render raised: avatar frame shown as it is
-
-
-def paste(base: npt.NDArray[np.uint8], patch: RenderedPatch, mix: float = 1.0) -> npt.NDArray[np.uint8]:
-    """A copy of ``base`` with ``patch`` written at its place, blended over it with weight ``mix``."""
-    frame = base.copy()
-    h, w = patch.pixels.shape[:2]
-    region = frame[patch.top : patch.top + h, patch.left : patch.left + w]
-    if mix >= 1.0:
-        region[:] = patch.pixels
-    elif mix > 0.0:
-        blended = region + (patch.pixels.astype(np.float32) - region) * np.float32(mix)
-        region[:] = (blended + 0.5).astype(np.uint8)
-    return frame
 
 
 class AvatarVideoTrack(MediaStreamTrack):
@@ -98,14 +86,16 @@ class AvatarVideoTrack(MediaStreamTrack):
         future = tick.patch
         if future is None:
             image = base
-        elif not future.done():
+        elif not future.done() or (
+            not future.cancelled() and isinstance(future.exception(), DeadlineExpiredError)
+        ):
             self.stats.late += 1
             return (self._last if self._last is not None else base), True
         elif future.cancelled() or future.exception() is not None:
             self.stats.failed += 1
             image = base
         else:
-            image = paste(base, future.result(), tick.mix)
+            image = paste_patch(base, future.result(), tick.mix)
         self._last = image
         return image, False
 
