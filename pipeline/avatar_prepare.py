@@ -291,7 +291,8 @@ class FaceTracker:
         x2, y2 = min(width, int(cx + half) + 1), min(height, int(cy + half) + 1)
         if (x2 - x1) >= width * 0.9 and (y2 - y1) >= height * 0.9:
             return None  # the window is the frame: search it once, below
-        candidates = [_shifted(d, x1, y1) for d in self.detector.detect(frame[y1:y2, x1:x2])]
+        window = frame[y1:y2, x1:x2]
+        candidates = [_shifted(d, x1, y1) for d in self.detector.detect(window, size_hint=self.last.size)]
         return self._pick(candidates)
 
     def _pick(self, candidates: Sequence[FaceDetection]) -> FaceDetection | None:

@@ -31,6 +31,8 @@ FloatArray = npt.NDArray[np.float32]
 HAAR_CASCADE = "haarcascade_frontalface_alt2.xml"
 HAAR_SCALE_FACTOR = 1.1
 HAAR_MIN_NEIGHBORS = 4
+HAAR_TRACK_FACE_PX = 96  # with a size hint, the image is scaled so the face is about this big (speed)
+HAAR_TRACK_SIZE_RANGE = (0.75, 1.35)  # ... and only faces this much smaller or larger than the hint count
 MIN_FACE_FRACTION = 0.08  # faces smaller than this share of the frame's shorter side are ignored
 YUNET_SCORE_THRESHOLD = 0.6
 YUNET_NMS_THRESHOLD = 0.3
@@ -79,8 +81,12 @@ class FaceDetection:
 class FaceDetector(Protocol):
     name: str
 
-    def detect(self, frame_rgb: UInt8Array) -> list[FaceDetection]:
-        """Faces in an RGB ``(H, W, 3)`` uint8 frame, best first."""
+    def detect(self, frame_rgb: UInt8Array, size_hint: float | None = None) -> list[FaceDetection]:
+        """Faces in an RGB ``(H, W, 3)`` uint8 frame, best first.
+
+        ``size_hint``: the face's size (px) in the frame before, when tracking; a detector may use it to
+        search fewer scales.
+        """
         ...
 
 
@@ -102,18 +108,29 @@ class HaarFaceDetector:
         if self._cascade.empty():
             raise FaceDetectorError(f"cannot load the face cascade {path}")
 
-    def detect(self, frame_rgb: UInt8Array) -> list[FaceDetection]:
-        gray = cv2.equalizeHist(cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2GRAY))
+    def detect(self, frame_rgb: UInt8Array, size_hint: float | None = None) -> list[FaceDetection]:
+        gray = cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2GRAY)
+        scale = 1.0
         min_side = max(24, round(MIN_FACE_FRACTION * min(gray.shape)))
+        max_side = 0  # no limit
+        if size_hint is not None and size_hint > 0:
+            scale = min(1.0, HAAR_TRACK_FACE_PX / size_hint)
+            if scale < 1.0:
+                gray = cv2.resize(gray, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+            min_side = max(24, round(HAAR_TRACK_SIZE_RANGE[0] * size_hint * scale))
+            max_side = max(min_side + 1, round(HAAR_TRACK_SIZE_RANGE[1] * size_hint * scale))
         boxes, _, weights = self._cascade.detectMultiScale3(
-            gray,
+            cv2.equalizeHist(gray),
             scaleFactor=HAAR_SCALE_FACTOR,
             minNeighbors=HAAR_MIN_NEIGHBORS,
             minSize=(min_side, min_side),
+            maxSize=(max_side, max_side),
             outputRejectLevels=True,
         )
         found = [
-            FaceDetection((float(x), float(y), float(x + w), float(y + h)), float(score))
+            FaceDetection(
+                (float(x) / scale, float(y) / scale, float(x + w) / scale, float(y + h) / scale), float(score)
+            )
             for (x, y, w, h), score in zip(np.asarray(boxes).reshape(-1, 4), np.ravel(weights), strict=True)
         ]
         return sorted(found, key=lambda d: d.score * d.size, reverse=True)
@@ -135,7 +152,7 @@ class YuNetFaceDetector:
             raise FaceDetectorError(f"cannot load the YuNet model {model_path}: {e}") from e
         self._size: tuple[int, int] | None = None
 
-    def detect(self, frame_rgb: UInt8Array) -> list[FaceDetection]:
+    def detect(self, frame_rgb: UInt8Array, size_hint: float | None = None) -> list[FaceDetection]:
         height, width = frame_rgb.shape[:2]
         if self._size != (width, height):
             self._net.setInputSize((width, height))
