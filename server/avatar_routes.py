@@ -9,7 +9,8 @@ into the upload directory when complete and offers it through the registry: a ca
 
 Job JSON: ``{"id", "name", "state": "queued" | "running" | "done" | "failed", "progress": 0..1 | null,
 "frames_done", "frames_total", "error": str | null, "status": HTTP status of the failure | null,
-"avatar": the avatar as GET /avatars lists it | null, "url"}``.
+"avatar": the avatar as GET /avatars lists it | null, "url"}``. With ``--auth-token`` both routes need the
+bearer token.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pipeline.avatar_prepare import (
     probe_media,
 )
 from pipeline.face_detect import create_detector
+from server.auth import require_bearer
 from server.config import Settings
 from server.errors import ApiError, BadRequestError, NotFoundError, UnsupportedMediaTypeError
 from server.state import RUNTIME, SETTINGS, Runtime, runtime_of
@@ -286,6 +288,7 @@ async def _stage(part: BodyPartReader, directory: Path, max_bytes: int) -> Path:
 
 
 async def upload_avatar(request: web.Request) -> web.Response:
+    require_bearer(request)  # a server with a token takes uploads only from its holders
     jobs = jobs_of(request)
     settings: Settings = request.app[SETTINGS]
     max_bytes = int(settings.max_upload_mb * 2**20)
@@ -332,6 +335,7 @@ async def upload_avatar(request: web.Request) -> web.Response:
 
 
 async def avatar_job(request: web.Request) -> web.Response:
+    require_bearer(request)
     return web.json_response(jobs_of(request).get(request.match_info["job_id"]).to_json())
 
 

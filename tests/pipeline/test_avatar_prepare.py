@@ -171,3 +171,42 @@ def test_cli_prepares_and_reports_errors(
     assert "exists already" in capsys.readouterr().err
     assert main(["avatar", "prepare", str(tmp_path / "missing.mp4"), "--name", "x", "--out", str(out)]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+class FakeYuNet:
+    """What ``cv2.FaceDetectorYN`` returns: rows of box, 5 landmarks (subject's right eye first), score."""
+
+    row = np.array(
+        [[40, 30, 80, 90, 100, 60, 70, 61, 85, 80, 98, 100, 72, 101, 0.93]], np.float32
+    )  # x, y, w, h, right eye, left eye, nose, right mouth corner, left mouth corner, score
+
+    @classmethod
+    def create(cls, *args: object) -> FakeYuNet:
+        return cls()
+
+    def setInputSize(self, size: tuple[int, int]) -> None:  # noqa: N802 (OpenCV's name)
+        self.size = size
+
+    def detect(self, image: np.ndarray) -> tuple[int, np.ndarray]:
+        return 1, self.row
+
+
+def test_yunet_landmarks_give_eyes_and_mouth(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import cv2
+
+    from pipeline.face_detect import YuNetFaceDetector, create_detector
+
+    model = tmp_path / "yunet.onnx"
+    model.write_bytes(b"onnx")
+    monkeypatch.setattr(cv2, "FaceDetectorYN", FakeYuNet)
+    detector = create_detector(model)
+    assert isinstance(detector, YuNetFaceDetector)
+    (face,) = detector.detect(np.zeros((160, 160, 3), np.uint8))
+    assert face.box == (40.0, 30.0, 120.0, 120.0) and face.score == pytest.approx(0.93)
+    geometry = face_geometry(face)
+    mouth, eyes = geometry[4:10], geometry[10:]
+    np.testing.assert_allclose(eyes, [70, 61, 100, 60])  # sorted left to right in the frame
+    np.testing.assert_allclose(mouth[:4], [72, 101, 98, 100])
+    assert 100.5 < mouth[4] < 104 and mouth[5] > mouth[4] + 10  # lip line just below the corners, then chin
+    with pytest.raises(AvatarError, match="not found"):
+        create_detector(tmp_path / "missing.onnx")

@@ -198,6 +198,22 @@ async def test_uploads_are_off_without_an_upload_dir(aiohttp_client: Any, media:
         assert response.status == 403 and "--upload-dir" in (await response.json())["error"]
 
 
+async def test_a_server_with_a_token_takes_uploads_only_with_it(
+    aiohttp_client: Any, media: dict[str, Path], tmp_path: Path
+) -> None:
+    client = await aiohttp_client(create_app(Settings(upload_dir=tmp_path, auth_token="secret")))
+    async with client.post("/avatars", data=form("drawn", media["drawn"])) as response:
+        assert response.status == 401
+    headers = {"Authorization": "Bearer secret"}
+    async with client.post("/avatars", data=form("drawn", media["drawn"]), headers=headers) as response:
+        assert response.status == 202
+        job = await response.json()
+    async with client.get(job["url"]) as response:
+        assert response.status == 401
+    async with client.get(job["url"], headers=headers) as response:
+        assert response.status == 200
+
+
 def test_upload_settings_from_flags_and_environment() -> None:
     assert parse_settings([], env={}).upload_dir is None
     assert parse_settings(["--avatar-dir", "/a", "--avatar-dir", "/b"], env={}).upload_dir == Path("/a")
