@@ -2,7 +2,7 @@
 
 The session's producer runs tick by tick on real audio (syllables with short gaps, pauses between
 utterances), real voice-activity flags and a backend rendering synchronously; every frame is composed as the
-video track composes it (:func:`streaming.tracks.paste` with the tick's crossfade weight).
+video track composes it (:func:`pipeline.compositing.paste_patch` with the tick's crossfade weight).
 """
 
 from __future__ import annotations
