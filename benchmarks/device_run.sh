@@ -4,8 +4,9 @@
 # Needs aiortc/av/webrtcvad wheels in .whl/ (the device image lacks them); torch, numpy, OpenCV and aiohttp
 # come with the image.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/out}
+OUT=/tmp/lipcast-results  # everything is gathered here, then packed into $FINAL/results.tgz
+mkdir -p "$OUT" "$FINAL"
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -34,7 +35,7 @@ timeout 240 $PY -m server bench engine --backend wav2lip --device cuda --start 6
 step "cold start to ready (wav2lip on CUDA)"
 $PY -c "import torch; from pipeline.wav2lip.model import Wav2Lip; torch.save({'state_dict': Wav2Lip().state_dict()}, '/tmp/w2l.pth')"
 t0=$(date +%s.%N)
-$PY -m server serve --backend wav2lip --checkpoint /tmp/w2l.pth --device cuda --port 8091 \
+$PY -m server serve --backend wav2lip --checkpoint /tmp/w2l.pth --device cuda --port 8091 --max-sessions 64 \
   --ice-address 127.0.0.1 > "$OUT/serve_w2l.log" 2>&1 &
 SERVER=$!
 for i in $(seq 1 600); do
@@ -69,3 +70,4 @@ w = wave.open('/tmp/speech.wav', 'wb'); w.setnchannels(1); w.setsampwidth(2); w.
 w.writeframes(a.tobytes()); w.close()"
 timeout 120 $PY -m server render --backend wav2lip --device cuda --audio /tmp/speech.wav -o /tmp/render.mp4 2>&1 | tail -2
 step done
+tar -czf "$FINAL/results.tgz" -C "$OUT" .

@@ -9,17 +9,16 @@ blend). Only the rows of a box that the blend can change (from :func:`.paste.fir
 lower half) are produced and travel back, RGB uint8; the patch's ``top`` is that row.
 
 Fixed shapes: every such region of every avatar fits a shared canvas (the largest, rounded up to 8 px); an
-item fills its canvas's top-left corner and the rest is cut off on the host, where the patches are views of
-the downloaded batch (no host copy). Adding an avatar with a larger box grows the canvas and drops the
-captured graphs, which are captured again on next use (call :meth:`Wav2LipBackend.warmup` after adding
-avatars to keep that off the live path).
+item fills its canvas's top-left corner and the rest is cut off on the host, where each patch is copied out
+of the batch's download buffer (which the next batch of that size reuses).
 
 On CUDA: fp16 (default) and channels_last, cuDNN autotuning, a dedicated stream, pinned host buffers and
-one CUDA graph per batch size in ``batch_sizes``, covering audio encoder, decoder and paste; the gathers run
-eagerly before the replay, so tables can be reallocated without recapture. Each batch is downloaded into a
-fresh block of torch's caching pinned-host allocator, which goes back to the cache when the batch's last
-patch is dropped. On the CPU: fp32, the same code without graphs. On CUDA the constructor sets
-``torch.backends.cudnn.benchmark`` (process-wide).
+one CUDA graph per batch size in ``batch_sizes``. A graph covers everything on the device: the gather of
+the items' cached features and face pixels from the global tables, audio encoder, decoder and paste; so a
+render is two small uploads, one replay and one download. The graphs hold the tables' addresses: adding or
+removing an avatar recaptures them at once (a fraction of a second per size), before the next render. On
+the CPU: fp32, the same code without graphs. On CUDA the constructor sets ``torch.backends.cudnn.benchmark``
+(process-wide).
 Memory: the cached features are 290,816 values per avatar frame (0.58 MB in fp16).
 """
 
@@ -76,16 +75,16 @@ class _AvatarEntry:
 
 @dataclass
 class _Bucket:
-    """Static buffers (and, on CUDA, the graph) of one batch size."""
+    """Static buffers and the CUDA graph of one batch size. The graph gathers the rows' cached features,
+    face-box pixels and geometry from the avatar tables itself, so one replay does all the device work; it
+    holds the tables' addresses, so every change to the tables recaptures it."""
 
     mel_host: torch.Tensor  # (N, 1, 80, 16) float32, pinned
     rows_host: torch.Tensor  # (N,) int64, pinned
     mel: torch.Tensor  # (N, 1, 80, 16) float32, device
     rows: torch.Tensor  # (N,) int64, device
-    feats: list[torch.Tensor]  # 7 x (N, C, H, W), device
-    base: torch.Tensor  # (N, 3, Hc, Wc) uint8, device
-    geometry: torch.Tensor  # (N, 3) float32 box h, w, first row; device
     out: torch.Tensor  # (N, Hc, Wc, 3) uint8, device (the graph's output)
+    out_host: torch.Tensor  # (N, Hc, Wc, 3) uint8, pinned (reused: patches are copied out of it)
     graph: torch.cuda.CUDAGraph
 
 
@@ -164,6 +163,7 @@ class Wav2LipBackend:
         """Encode every frame's face once and keep the features and face-box pixels on the device."""
         with self._lock, torch.no_grad():
             self._add_avatar(avatar)
+            self._recapture()
 
     def _add_avatar(self, avatar: Avatar) -> None:
         if avatar.name in self._avatars:
@@ -187,8 +187,7 @@ class Wav2LipBackend:
             if canvas_hw != self._canvas_hw:
                 pad = (0, canvas_hw[1] - self._base.shape[3], 0, canvas_hw[0] - self._base.shape[2])
                 self._base = F.pad(self._base, pad)
-                self._canvas_hw = canvas_hw
-                self._buckets.clear()  # static buffers have the old canvas size
+                self._canvas_hw = canvas_hw  # the graphs (recaptured by the caller) get the new size
                 logger.info("wav2lip canvas is now %dx%d px", canvas_hw[1], canvas_hw[0])
             offset = int(self._geometry.shape[0])
             self._feats = (
@@ -214,6 +213,7 @@ class Wav2LipBackend:
     def remove_avatar(self, name: str) -> None:
         with self._lock, torch.no_grad():
             self._remove_avatar(name)
+            self._recapture()
 
     def _remove_avatar(self, name: str) -> None:
         entry = self._avatars.pop(name, None)
@@ -264,7 +264,7 @@ class Wav2LipBackend:
     def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
         """Render a batch; one patch per item, in order: RGB uint8 rows ``row0..h`` of the padded face box.
 
-        The patches are (non-contiguous) views of one array downloaded for this batch.
+        Each patch owns its pixels (copied out of the batch's reused download buffer).
         """
         if not items:
             return []
@@ -282,7 +282,7 @@ class Wav2LipBackend:
         for canvas, item, entry in zip(canvases, items, entries, strict=True):
             x1, y1, x2, y2 = (int(v) for v in entry.boxes[item.frame_index])
             row0 = int(entry.first_rows[item.frame_index])
-            pixels = canvas[: y2 - y1 - row0, : x2 - x1]  # a view: the batch array is fresh per render
+            pixels = canvas[: y2 - y1 - row0, : x2 - x1].copy()  # the canvases are reused by the next batch
             patches.append(RenderedPatch(pixels, top=y1 + row0, left=x1))
         return patches
 
@@ -311,50 +311,48 @@ class Wav2LipBackend:
         with torch.cuda.stream(stream):
             bucket.mel.copy_(bucket.mel_host, non_blocking=True)
             bucket.rows.copy_(bucket.rows_host, non_blocking=True)
-            self._gather(bucket)
             bucket.graph.replay()
-            out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
-            out_host.copy_(bucket.out, non_blocking=True)
+            bucket.out_host.copy_(bucket.out, non_blocking=True)
         stream.synchronize()  # also guards the upload buffers against the next render's writes
-        return out_host.numpy()
+        return bucket.out_host.numpy()
 
-    def _gather(self, bucket: _Bucket) -> None:
-        """Copy the rows' cached features, face-box pixels and sizes into the static buffers."""
-        for static, table in zip(bucket.feats, self._feats, strict=True):
-            static.copy_(table.index_select(0, bucket.rows))
-        bucket.base.copy_(self._base.index_select(0, bucket.rows))
-        bucket.geometry.copy_(self._geometry.index_select(0, bucket.rows))
+    def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""
+        feats = [t.index_select(0, rows).contiguous(memory_format=self.memory_format) for t in self._feats]
+        return self._compute(
+            mel, feats, self._base.index_select(0, rows), self._geometry.index_select(0, rows)
+        )
+
+    def _recapture(self) -> None:
+        """The tables moved (an avatar came or went): recapture every graph now, off the hot path."""
+        sizes = list(self._buckets)
+        self._buckets.clear()
+        if self._use_graphs and self._avatars:
+            for size in sizes:
+                self._capture(size)
 
     def _capture(self, size: int) -> _Bucket:
         """Allocate one batch size's static buffers and capture its CUDA graph."""
         if not self._avatars or self._stream is None:
             raise RuntimeError("add an avatar before rendering")
-        dev, mf = self.device, self.memory_format
-        canvas_h, canvas_w = self._canvas_hw
-        feats = [
-            torch.zeros(size, *t.shape[1:], dtype=self.dtype, device=dev).contiguous(memory_format=mf)
-            for t in self._feats
-        ]
+        dev = self.device
         mel = torch.zeros(size, 1, *CONDITIONING_SHAPE, device=dev)
-        base = torch.zeros(size, 3, canvas_h, canvas_w, dtype=torch.uint8, device=dev)
-        geometry = torch.ones(size, 3, device=dev)
+        rows = torch.zeros(size, dtype=torch.int64, device=dev)
         self._stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._stream):
             for _ in range(CAPTURE_WARMUP_ITERS):
-                self._compute(mel, feats, base, geometry)
+                self._gathered_compute(mel, rows)
         self._stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-            out = self._compute(mel, feats, base, geometry)
+            out = self._gathered_compute(mel, rows)
         bucket = _Bucket(
             mel_host=torch.zeros(mel.shape, pin_memory=True),
             rows_host=torch.zeros(size, dtype=torch.int64, pin_memory=True),
             mel=mel,
-            rows=torch.zeros(size, dtype=torch.int64, device=dev),
-            feats=feats,
-            base=base,
-            geometry=geometry,
+            rows=rows,
             out=out,
+            out_host=torch.empty(out.shape, dtype=torch.uint8, pin_memory=True),
             graph=graph,
         )
         self._buckets[size] = bucket

@@ -228,7 +228,12 @@ def test_cuda_render_matches_cpu(
     items = [RenderItem(avatars[i % 2].name, i % 2, mel_window(30 + i)) for i in range(4)]
     for batch in (items, items[:1], items[1:2], items[:3]):  # 3 is no bucket: the eager path
         assert_close_to_cpu(cuda.render(batch), backend.render(batch))
-    first, second = cuda.render(items), cuda.render(items)
+    first = cuda.render(items)
+    kept = [p.pixels.copy() for p in first]
+    cuda.render([RenderItem(i.avatar, i.frame_index, mel_window(90 + n)) for n, i in enumerate(items)])
+    for patch, pixels in zip(first, kept, strict=True):  # a later batch does not overwrite earlier patches
+        np.testing.assert_array_equal(patch.pixels, pixels)
+    second = cuda.render(items)
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a.pixels, b.pixels)
     alone = cuda.render(items[1:2])[0]
