@@ -4,6 +4,12 @@
 // reachable when the whole app sits behind a path prefix.
 export const API = new URL('../', import.meta.url);
 
+/** ?token= of the page: sent as a bearer token when the server runs with --auth-token. */
+export function authHeaders() {
+  const token = new URLSearchParams(location.search).get('token');
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
 /** An error whose message is meant for the user as it is. */
 export class UserError extends Error {}
 
@@ -40,7 +46,7 @@ export async function postOffer(desc, avatar, signal) {
   try {
     res = await fetch(new URL('offer', API), {
       method: 'POST',
-      headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+      headers: { 'Content-Type': 'application/json', Accept: 'application/json', ...authHeaders() },
       body: JSON.stringify(body),
       signal,
     });
@@ -65,6 +71,7 @@ export async function postOffer(desc, avatar, signal) {
 export function deleteSession(id) {
   if (!id) return;
   // keepalive lets the request outlive the page on pagehide (sendBeacon cannot DELETE).
-  fetch(new URL(`sessions/${encodeURIComponent(id)}`, API), { method: 'DELETE', keepalive: true })
-    .catch(() => {});
+  fetch(new URL(`sessions/${encodeURIComponent(id)}`, API), {
+    method: 'DELETE', headers: authHeaders(), keepalive: true,
+  }).catch(() => {});
 }

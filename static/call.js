@@ -21,6 +21,7 @@ const ui = {
   start: $('start'), stop: $('stop'), picker: $('avatar-select'), pickerField: $('avatar-field'),
   video: $('avatar-video'), unmute: $('unmute'), conn: $('conn'), level: $('mic-level'),
   stats: $('stats'), error: $('error'),
+  watch: $('watch'), watchLink: $('watch-link'), whepUrl: $('whep-url'),
 };
 
 let state = 'idle'; // idle | connecting | connected | failed | closed
@@ -149,6 +150,7 @@ async function connect(c) {
   setConn('waiting for the server…', 'busy');
   const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal);
   c.sessionId = answer.session_id ?? null;
+  showWatch(c.sessionId);
   if (c.done) { // stopped while the server was answering: end the session it just made
     deleteSession(c.sessionId);
     checkStopped();
@@ -239,9 +241,22 @@ function teardown(c, finalState) {
   ui.video.muted = false;
   ui.unmute.hidden = true;
   ui.level.value = 0;
+  showWatch(null);
   if (call === c) call = null;
   setConn(finalState, finalState === 'failed' ? 'bad' : 'off');
   setState(finalState);
+}
+
+/** The viewer page and WHEP URL of this call's session: OBS (or anyone) can watch it without a microphone. */
+function showWatch(sessionId) {
+  ui.watch.hidden = !sessionId;
+  if (!sessionId) return;
+  const viewer = new URL('static/viewer.html', API);
+  viewer.searchParams.set('session', sessionId);
+  const token = params.get('token');
+  if (token) viewer.searchParams.set('token', token);
+  ui.watchLink.href = viewer.href;
+  ui.whepUrl.textContent = new URL(`whep/${encodeURIComponent(sessionId)}`, API).href;
 }
 
 function describe(err) {
