@@ -26,6 +26,7 @@ from server.config import Settings
 from server.errors import error_middleware
 from server.sessions import SessionManager
 from server.state import CLOCK, RUNTIME, SETTINGS, Runtime
+from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Applica
     if clock is not None:
         app[CLOCK] = clock
     app.cleanup_ctx.append(_runtime_ctx)
+    if settings.virtualcam:
+        app.cleanup_ctx.append(virtualcam_ctx)  # after the runtime: it follows the runtime's sessions
     app.on_shutdown.append(_close_sessions)
     routes.setup(app)
     avatar_routes.setup(app, routes.avatar_json)

@@ -28,6 +28,8 @@ def configure_logging(level: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
+    from server.virtualcam import VirtualCameraError
+    from server.virtualcam import check_available as check_virtualcam
 
     try:
         settings = settings_from(args)
@@ -38,7 +40,13 @@ def serve(args: argparse.Namespace) -> int:
     if settings.ice_addresses:
         restrict_host_addresses(settings.ice_addresses)
     logger.info("lipcast on http://%s:%d (backend %s)", settings.host, settings.port, settings.backend)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None)
+    try:
+        if settings.virtualcam:
+            check_virtualcam(settings.virtualcam_device)
+        web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None)
+    except VirtualCameraError as e:
+        print(f"lipcast serve: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
