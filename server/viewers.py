@@ -184,8 +184,6 @@ class SessionViewers:
         viewer = Viewer(secrets.token_urlsafe(9), pc, self)
         try:
             await self._negotiate(viewer, summary, offer_sdp)
-            if self._closed:  # the session ended while this viewer was negotiating
-                raise NotFoundError(f"session {self.session_id!r} has ended")
         except BaseException:
             await viewer.close("negotiation failed")
             raise
@@ -203,7 +201,8 @@ class SessionViewers:
         pc.on("datachannel", viewer.on_datachannel)
         if self.fanout is None:
             self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps)
-        subscription = self.fanout.subscribe(viewer.send_meta)
+        fanout = self.fanout
+        subscription = fanout.subscribe(viewer.send_meta)
         viewer.subscription = subscription
         # Transceivers made before the offer is applied take its sections (one per kind), so their codec
         # preferences decide the answer: only what the shared encoders produce.
@@ -214,7 +213,7 @@ class SessionViewers:
             wanted = VIEWER_CODECS[kind]
             codecs = [c for c in RTCRtpSender.getCapabilities(kind).codecs if c.mimeType.lower() in wanted]
             transceiver.setCodecPreferences(codecs)
-            route_keyframe_requests(transceiver.sender, self.fanout.request_keyframe)
+            route_keyframe_requests(transceiver.sender, fanout.request_keyframe)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as e:  # aiortc raises ValueError, OperationError, ... for what it cannot accept
@@ -223,7 +222,9 @@ class SessionViewers:
                 f"cannot answer the offer ({detail}); a viewer must accept VP8 video and Opus audio"
             ) from e
         await pc.setLocalDescription(await pc.createAnswer())
-        self.fanout.start()
+        if self._closed:  # the session ended while this viewer was negotiating (its encoder is stopped)
+            raise NotFoundError(f"session {self.session_id!r} has ended")
+        fanout.start()
 
     async def forget(self, viewer: Viewer) -> None:
         self.viewers.pop(viewer.id, None)
