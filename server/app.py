@@ -24,10 +24,12 @@ from pipeline.runtime import (
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
+from server.metrics import Metrics
 from server.sessions import SessionManager
-from server.state import CLOCK, RUNTIME, SETTINGS, Runtime
+from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
+from streaming.rtc import observe_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,10 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     runtime = await loop.run_in_executor(None, build_runtime, settings, clock)
     runtime.engine.start()
+    metrics = app[METRICS]
+    metrics.attach(runtime)
+    runtime.sessions.frame_observer = metrics.observe_frame
+    stop_observing = observe_encoding(metrics.observe_encode)
     runtime.ready = True
     app[RUNTIME] = runtime
     logger.info(
@@ -105,6 +111,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         runtime.ready = False
+        stop_observing()
         await runtime.sessions.close_all()
         await loop.run_in_executor(None, runtime.engine.stop)
 
@@ -119,6 +126,7 @@ async def _close_sessions(app: web.Application) -> None:
 def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
+    app[METRICS] = Metrics()
     if clock is not None:
         app[CLOCK] = clock
     app.cleanup_ctx.append(_runtime_ctx)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
-
-from aiohttp import web
 
 from server import avatar_cli, tools_cli
 from server.config import build_parser, settings_from
@@ -28,6 +27,7 @@ def configure_logging(level: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
+    from server.serve import serve_until_signalled
     from server.virtualcam import VirtualCameraError
     from server.virtualcam import check_available as check_virtualcam
 
@@ -43,7 +43,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         if settings.virtualcam:
             check_virtualcam(settings.virtualcam_device)
-        web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None)
+        app = create_app(settings)
+        asyncio.run(serve_until_signalled(app, settings.host, settings.port, settings.drain_timeout_s))
     except VirtualCameraError as e:
         print(f"lipcast serve: {e}", file=sys.stderr)
         return 2

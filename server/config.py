@@ -56,6 +56,9 @@ class Settings:
     torch_threads: int | None = None  # None: 1 for the built-in backend, every core for wav2lip on a CPU
     batch_sizes: tuple[int, ...] = ()  # empty: 1..128 on CUDA, 1..8 on a CPU
     connect_timeout_s: float = 30.0
+    max_session_s: float = 3600.0  # a call is closed after this long (0: no limit)
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long live calls may go on before they are closed
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API from other sites ("*": any)
     auth_token: str | None = field(default=None, repr=False)  # Bearer token for WHIP, WHEP and /offer
     max_viewers: int = 8  # WHEP viewers per session
     viewer_bitrate_kbps: int = 1500  # the shared viewer encoder's fixed VP8 target
@@ -97,6 +100,8 @@ class Settings:
             problems.append("max_upload_mb and max_upload_duration_s must be positive")
         if self.max_upload_side_px < 16 or self.avatar_max_side_px < 16:
             problems.append("max_upload_side_px and avatar_max_side_px must be at least 16")
+        if self.max_session_s < 0 or self.drain_timeout_s < 0:
+            problems.append("max_session_s and drain_timeout_s must be >= 0")
         if self.max_viewers < 0:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
@@ -186,6 +191,24 @@ def build_parser() -> argparse.ArgumentParser:
         " earlier (training; 40 ms less latency) (env LIPCAST_WAV2LIP_ALIGNMENT)",
     )
     p.add_argument(
+        "--max-session-s",
+        type=float,
+        help="close a call after this many seconds, 0 for no limit (env LIPCAST_MAX_SESSION_S)",
+    )
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        help="on SIGTERM, let live calls go on this long before closing them (env LIPCAST_DRAIN_TIMEOUT_S)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        dest="cors_origins",
+        metavar="ORIGIN",
+        help="a browser origin (https://host:port) allowed to use the API from another site, "
+        "repeatable, '*' for any (env LIPCAST_CORS_ORIGINS, comma-separated)",
+    )
+    p.add_argument(
         "--torch-threads",
         type=int,
         help="torch CPU threads (default: 1 for builtin, all cores for wav2lip on a CPU)"
@@ -269,6 +292,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "jitter_buffer_ms": float,
         "render_budget_ms": float,
         "connect_timeout_s": float,
+        "max_session_s": float,
+        "drain_timeout_s": float,
         "max_viewers": int,
         "viewer_bitrate_kbps": int,
         "virtualcam": _flag,
@@ -283,7 +308,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     }
     values: dict[str, Any] = {}
     for f in fields(Settings):
-        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes"):
+        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes", "cors_origins"):
             continue
         flag = getattr(args, f.name, None)
         raw: Any = flag if flag is not None else _env(env, f.name.upper())
@@ -298,6 +323,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     username = args.ice_username or _env(env, "ICE_USERNAME")
     credential = args.ice_credential or _env(env, "ICE_CREDENTIAL")
     values["ice_servers"] = _ice_servers(urls, username, credential)
+    origins = args.cors_origins or (_env(env, "CORS_ORIGINS") or "").split(",")
+    values["cors_origins"] = tuple(o.strip().rstrip("/") for o in origins if o.strip())
     addresses = args.ice_addresses or (_env(env, "ICE_ADDRESSES") or "").split(",")
     values["ice_addresses"] = tuple(a.strip() for a in addresses if a.strip())
 

@@ -11,9 +11,10 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from pipeline.avatar import Avatar
-from server import whip_whep
+from server import cors, whip_whep
 from server.auth import require_bearer
 from server.errors import BadRequestError, NotFoundError
+from server.metrics import metrics_handler
 from server.state import RUNTIME, SETTINGS, runtime_of
 
 MAX_SDP_CHARS = 64 * 1024
@@ -112,13 +113,15 @@ async def session_stats(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers (200 during warm-up too: a slow start is not a dead process)."""
     runtime = request.app.get(RUNTIME)
     if runtime is None:
-        return web.json_response({"status": "starting"}, status=503, headers={"Retry-After": "5"})
+        return web.json_response({"status": "starting", "ready": False})
     return web.json_response(
         {
             "status": "ok",
             "ready": runtime.ready,
+            "draining": runtime.draining,
             "backend": runtime.backend.name,
             "sessions": len(runtime.sessions.sessions),
             "frames_sent_total": runtime.sessions.frames_sent_total,
@@ -132,6 +135,18 @@ async def healthz(request: web.Request) -> web.Response:
             **runtime.device,
         }
     )
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 when a new call would be taken now (warmed up, capacity left, not draining)."""
+    runtime = request.app.get(RUNTIME)
+    ready, reason = (False, "starting") if runtime is None else runtime.readiness()
+    body = {"ready": ready, "reason": reason}
+    if runtime is not None:
+        body |= {"sessions": len(runtime.sessions.sessions), "max_sessions": runtime.settings.max_sessions}
+    if ready:
+        return web.json_response(body)
+    return web.json_response(body, status=503, headers={"Retry-After": "5"})
 
 
 async def client_config(request: web.Request) -> web.Response:
@@ -172,9 +187,12 @@ def setup(app: web.Application) -> None:
     app.router.add_delete("/sessions/{session_id}", delete_session)
     app.router.add_get("/sessions/{session_id}", session_stats)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/config", client_config)
     app.router.add_get("/avatars", list_avatars)
     app.router.add_get("/avatars/{name}/preview.png", avatar_preview)
     whip_whep.setup(app)
+    cors.setup(app, ("/offer", "/sessions/{session_id}", "/avatars", "/avatars/jobs/{job_id}", "/config"))
     if static_dir.is_dir():
         app.router.add_static("/static/", static_dir)

@@ -12,8 +12,8 @@ import asyncio
 import json
 import logging
 import secrets
-from collections import deque
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -87,7 +87,24 @@ class Session:
         self.closed = asyncio.Event()
         self._closing = False
         self._connect_timer: asyncio.TimerHandle | None = None
+        self._limit_timer: asyncio.TimerHandle | None = None
         self._close_task: asyncio.Task[None] | None = None
+
+    def counters(self) -> dict[str, int]:
+        """This session's running totals (summed over sessions by the metrics)."""
+        stream, video, buffer = self.stream.stats, self.video.stats, self.buffer.stats
+        return {
+            "frames_in": self.ingest.frames_received if self.ingest is not None else 0,
+            "frames_out": video.sent,
+            "frames_rendered": stream.rendered,
+            "frames_at_rest": stream.at_rest,
+            "frames_late": video.late,
+            "frames_skipped": video.skipped,
+            "frames_failed": video.failed,
+            "audio_underruns": buffer.underruns,
+            "audio_trimmed_samples": buffer.trimmed_samples,
+            "audio_overflow_samples": buffer.overflow_samples,
+        }
 
     def on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.ingest is not None:
@@ -108,11 +125,16 @@ class Session:
         elif state in ("failed", "closed"):
             self.schedule_close(f"connection {state}")
 
-    def arm_connect_timeout(self, timeout_s: float) -> None:
+    def arm_timers(self, connect_timeout_s: float, max_session_s: float | None) -> None:
+        """Close if the connection does not come up in time, and when the session's time is up."""
         loop = asyncio.get_running_loop()
         self._connect_timer = loop.call_later(
-            timeout_s, self.schedule_close, f"not connected within {timeout_s:g} s"
+            connect_timeout_s, self.schedule_close, f"not connected within {connect_timeout_s:g} s"
         )
+        if max_session_s:
+            self._limit_timer = loop.call_later(
+                max_session_s, self.schedule_close, f"session time limit of {max_session_s:g} s reached"
+            )
 
     def _cancel_connect_timer(self) -> None:
         if self._connect_timer is not None:
@@ -121,6 +143,8 @@ class Session:
 
     def _send_meta(self, meta: FrameMeta) -> None:
         """Send a frame's metadata; frames sent before the channel opened follow in order once it does."""
+        if self.manager.frame_observer is not None:
+            self.manager.frame_observer(meta, self.buffer.depth_ms)
         message = json.dumps(meta.to_json(), separators=(",", ":"))
         channel = self.meta_channel
         if channel is None or channel.readyState != "open":
@@ -142,6 +166,8 @@ class Session:
         self._closing = True
         logger.info("[%s] closing: %s", self.id, reason)
         self._cancel_connect_timer()
+        if self._limit_timer is not None:
+            self._limit_timer.cancel()
         try:
             await self.viewers.close("session closed")
             self.video.stop()
@@ -173,7 +199,11 @@ class SessionManager:
         self.clock = clock or MonotonicClock()
         self.sessions: dict[str, Session] = {}
         self._reserved = 0
-        self._frames_sent_closed = 0  # frames sent by sessions that have ended
+        self._closed_totals: Counter[str] = Counter()  # counters of sessions that have ended
+        self.created_total = 0
+        self.refused_total: Counter[str] = Counter()
+        self.draining = False
+        self.frame_observer: Callable[[FrameMeta, float], None] | None = None
 
     def __len__(self) -> int:
         return len(self.sessions) + self._reserved
@@ -186,12 +216,40 @@ class SessionManager:
 
     def forget(self, session: Session) -> None:
         if self.sessions.pop(session.id, None) is not None:
-            self._frames_sent_closed += session.video.stats.sent
+            self._closed_totals.update(session.counters())
+
+    def totals(self) -> Counter[str]:
+        """Every session counter summed over all sessions since start, live and ended."""
+        totals = Counter(self._closed_totals)
+        for session in self.sessions.values():
+            totals.update(session.counters())
+        return totals
 
     @property
     def frames_sent_total(self) -> int:
         """Video frames sent since start, by every session (live and ended)."""
-        return self._frames_sent_closed + sum(s.video.stats.sent for s in self.sessions.values())
+        return self.totals()["frames_out"]
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new sessions, wait up to ``timeout_s`` for live ones to end, then close the rest.
+
+        Returns how many had to be closed at the deadline.
+        """
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.sessions and loop.time() < deadline:
+            waits = [asyncio.ensure_future(s.closed.wait()) for s in self.sessions.values()]
+            _, pending = await asyncio.wait(
+                waits, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+        remaining = len(self.sessions)
+        if remaining:
+            logger.info("drain deadline reached: closing %d session(s)", remaining)
+            await self.close_all("server shutdown (drain deadline)")
+        return remaining
 
     def avatar(self, name: str | None) -> Avatar:
         name = name or self.settings.avatar
@@ -218,8 +276,12 @@ class SessionManager:
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
+        if self.draining:
+            self.refused_total["draining"] += 1
+            raise CapacityError("the server is shutting down; try another instance", RETRY_AFTER_S)
         avatar = self.avatar(avatar_name)
         if len(self) >= self.settings.max_sessions:
+            self.refused_total["capacity"] += 1
             raise CapacityError(
                 f"all {self.settings.max_sessions} sessions are in use; try again later", RETRY_AFTER_S
             )
@@ -238,7 +300,8 @@ class SessionManager:
         finally:
             self._reserved -= 1
         self.sessions[session.id] = session
-        session.arm_connect_timeout(self.settings.connect_timeout_s)
+        self.created_total += 1
+        session.arm_timers(self.settings.connect_timeout_s, self.settings.max_session_s)
         local = pc.localDescription
         logger.info("[%s] created (avatar %s)", session.id, avatar.name)
         return Answer(session.id, local.sdp, local.type, avatar)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from pipeline.backend import LipSyncBackend
 from pipeline.engine import RenderEngine
 from pipeline.registry import AvatarRegistry
 from server.config import Settings
+from server.metrics import Metrics
 from server.sessions import SessionManager
 from streaming.clock import Clock
 
@@ -25,12 +28,38 @@ class Runtime:
     avatars: AvatarRegistry
     sessions: SessionManager
     device: dict[str, Any]
-    ready: bool = False
+    ready: bool = False  # warmed up and serving (stays True while draining, so calls can be ended)
+    started_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def draining(self) -> bool:
+        return self.sessions.draining
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether a new call would be taken now, and why not."""
+        if not self.ready:
+            return False, "warming up"
+        if self.draining:
+            return False, "draining"
+        if not self.engine.running:
+            return False, "render engine stopped"
+        if len(self.sessions) >= self.settings.max_sessions:
+            return False, "no session capacity left"
+        return True, "ready"
+
+    def is_ready(self) -> bool:
+        return self.readiness()[0]
+
+    def gpu_memory_bytes(self) -> int | None:
+        if not str(self.device.get("device", "")).startswith("cuda"):
+            return None
+        return int(torch.cuda.memory_allocated(torch.device(self.device["device"])))
 
 
 SETTINGS = web.AppKey("settings", Settings)
 RUNTIME = web.AppKey("runtime", Runtime)
 CLOCK = web.AppKey("clock", Clock)
+METRICS = web.AppKey("metrics", Metrics)
 
 
 def runtime_of(request: web.Request) -> Runtime:

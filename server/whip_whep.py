@@ -27,6 +27,7 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 from multidict import CIMultiDict
 
+from server import cors
 from server.auth import require_bearer
 from server.config import IceServer
 from server.errors import BadRequestError, NotFoundError, NotImplementedApiError, UnsupportedMediaTypeError
@@ -36,10 +37,6 @@ from server.viewers import Viewer
 
 SDP_TYPE = "application/sdp"
 MAX_SDP_BYTES = 64 * 1024
-ALLOWED_METHODS = "OPTIONS, POST, GET, DELETE, PATCH"
-ALLOWED_HEADERS = "Authorization, Content-Type, If-Match"
-EXPOSED_HEADERS = "Location, Link, ETag, Accept-Patch, Accept-Post, Retry-After, WWW-Authenticate"
-PREFLIGHT_MAX_AGE_S = 600
 PATCH_NOT_SUPPORTED = "no trickle ICE or ICE restarts here (PATCH); send a fully gathered offer"
 
 
@@ -166,24 +163,12 @@ async def whep_patch(request: web.Request) -> web.Response:
 
 
 async def preflight(request: web.Request) -> web.Response:
-    """CORS preflight; never authenticated (browsers send no credentials with it)."""
-    headers = {
-        "Access-Control-Allow-Methods": ALLOWED_METHODS,
-        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
-        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
-        "Allow": ALLOWED_METHODS,
-    }
+    """CORS preflight (:mod:`server.cors`), plus ``Accept-Post`` on the endpoints that take offers."""
+    response = await cors.preflight(request)
     resource = request.match_info.route.resource
     if resource is not None and resource.name in ("whip-endpoint", "whep-endpoint"):
-        headers["Accept-Post"] = SDP_TYPE
-    return web.Response(status=204, headers=headers)
-
-
-async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Let browser WHIP/WHEP clients on other origins use these resources (errors included)."""
-    if request.path.startswith(("/whip", "/whep")):
-        response.headers.setdefault("Access-Control-Allow-Origin", "*")
-        response.headers.setdefault("Access-Control-Expose-Headers", EXPOSED_HEADERS)
+        response.headers["Accept-Post"] = SDP_TYPE
+    return response
 
 
 def setup(app: web.Application) -> None:
@@ -204,4 +189,3 @@ def setup(app: web.Application) -> None:
     whep_resource.add_route("GET", whep_get)
     whep_resource.add_route("DELETE", whep_delete)
     whep_resource.add_route("PATCH", whep_patch)
-    app.on_response_prepare.append(cors_headers)

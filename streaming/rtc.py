@@ -9,9 +9,12 @@ attribute; if a future aiortc renames it the function logs and leaves the receiv
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import aioice.ice
+import aiortc.rtcrtpsender
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer
 
@@ -49,3 +52,48 @@ def restrict_host_addresses(addresses: Sequence[str]) -> None:
         return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
     aioice.ice.get_host_addresses = host_addresses
+
+
+EncodeObserver = Callable[[str, float], None]
+_encode_observers: list[EncodeObserver] = []
+
+
+class _TimedEncoder:
+    """Wraps an aiortc encoder: the same behaviour, and each ``encode`` call's duration reported."""
+
+    def __init__(self, inner: Any, kind: str) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_kind", kind)
+
+    def encode(self, frame: Any, force_keyframe: bool = False) -> Any:
+        start = time.perf_counter()
+        result = self._inner.encode(frame, force_keyframe)
+        elapsed = time.perf_counter() - start
+        for observe in list(_encode_observers):
+            observe(self._kind, elapsed)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+
+def observe_encoding(observer: EncodeObserver) -> Callable[[], None]:
+    """Report every outgoing frame's encode time to ``observer(kind, seconds)`` (kind: "audio" or "video").
+
+    Wraps the encoders aiortc's senders create (process-wide, installed once). Returns a function that
+    removes the observer.
+    """
+    if not getattr(aiortc.rtcrtpsender, "_lipcast_timed", False):
+        original = aiortc.rtcrtpsender.get_encoder
+
+        def timed_encoder(codec: Any) -> Any:
+            kind = "audio" if str(codec.mimeType).lower().startswith("audio/") else "video"
+            return _TimedEncoder(original(codec), kind)
+
+        aiortc.rtcrtpsender.get_encoder = timed_encoder
+        aiortc.rtcrtpsender._lipcast_timed = True  # type: ignore[attr-defined]
+    _encode_observers.append(observer)
+    return lambda: _encode_observers.remove(observer) if observer in _encode_observers else None

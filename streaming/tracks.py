@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fractions
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,13 +73,15 @@ class AvatarVideoTrack(MediaStreamTrack):
         if tick is None or self.readyState != "live":  # the stream closed under us
             self.stop()
             raise MediaStreamError
+        composing = time.perf_counter()
         image, late = self._image(tick)
         frame = VideoFrame.from_ndarray(image, format="rgb24")
+        compose_ms = (time.perf_counter() - composing) * 1000.0
         frame.pts = index * (VIDEO_CLOCK_HZ // stream.grid.fps)
         frame.time_base = VIDEO_TIME_BASE
         self.stats.sent += 1
         if self.on_frame is not None:
-            self.on_frame(self._meta(tick, late))
+            self.on_frame(self._meta(tick, late, compose_ms))
         return frame
 
     def _image(self, tick: Tick) -> tuple[npt.NDArray[np.uint8], bool]:
@@ -99,8 +102,8 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._last = image
         return image, False
 
-    def _meta(self, tick: Tick, late: bool) -> FrameMeta:
-        stages = {"features": round(tick.featurize_ms, 3)}
+    def _meta(self, tick: Tick, late: bool, compose_ms: float) -> FrameMeta:
+        stages = {"features": round(tick.featurize_ms, 3), "compose": round(compose_ms, 3)}
         if tick.render_ms is not None:
             stages["render"] = round(tick.render_ms, 3)
         return FrameMeta(

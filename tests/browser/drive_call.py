@@ -117,7 +117,7 @@ async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
     devtools_port = free_port()
     profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
     url = f"http://127.0.0.1:{port}/?autostart=1&ec=0&ns=0&agc=0"
-    proc = subprocess.Popen(  # noqa: ASYNC220 - starting a browser is a one-off, not a hot path
+    proc = subprocess.Popen(
         [
             chromium,
             *CHROMIUM_FLAGS,
