@@ -69,10 +69,12 @@ class Featurizer(Protocol):
         """
         ...
 
-    def is_at_rest(self, conditioning: FloatArray) -> bool:
-        """True when this conditioning renders the avatar frame unchanged (the mouth at rest).
+    def is_at_rest(self, conditioning: FloatArray, speech: bool) -> bool:
+        """True when this frame needs no rendering: the avatar frame is sent as it is (the mouth at rest).
 
-        The session then sends the avatar frame as it is and spends no render time on it.
+        ``speech`` is the voice-activity detector's view of the frame's audio (with a short hangover); a
+        featurizer whose conditioning shows silence exactly may ignore it, one that cannot tell should
+        follow it.
         """
         ...
 
@@ -91,6 +93,12 @@ class LipSyncBackend(Protocol):
     @property
     def lookahead_ms(self) -> float:
         """Audio needed past the end of a frame's own hop, in milliseconds (the backend's added latency)."""
+        ...
+
+    @property
+    def crossfade_frames(self) -> int:
+        """Frames over which switches between the idle avatar and rendered frames blend: 1 when a frame
+        rendered at rest equals the avatar frame (nothing to hide), more when it does not."""
         ...
 
     def new_featurizer(self) -> Featurizer:

@@ -81,6 +81,9 @@ class BuiltinBackend:
     """
 
     name = "builtin"
+    # A frame rendered at rest is the avatar frame itself, but the attack is fast (a syllable can open the
+    # mouth most of the way in one frame): blend the first frames out of idle so a switch is no jump.
+    crossfade_frames = 3
 
     def __init__(
         self,

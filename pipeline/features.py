@@ -192,7 +192,8 @@ class MouthFeaturizer:
         window[-self.hop_samples :] = samples
         return self.smoother.step(self._targets(window)).astype(np.float32)
 
-    def is_at_rest(self, conditioning: FloatArray) -> bool:
+    def is_at_rest(self, conditioning: FloatArray, speech: bool = False) -> bool:
+        """Exactly (0, 0, 0): the level gate already tells silence, faster than voice activity does."""
         return not bool(np.any(conditioning))
 
     def _targets(self, window: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

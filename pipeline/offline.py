@@ -100,7 +100,7 @@ def render_file(
             conditioning = featurizer.push(padded[index * hop : (index + 1) * hop])
             frame_index = index % avatar.frame_count
             future = None
-            if not featurizer.is_at_rest(conditioning):
+            if not featurizer.is_at_rest(conditioning, True):  # offline: no voice-activity detector
                 future = engine.submit("offline", RenderItem(avatar.name, frame_index, conditioning))
                 rendered += 1
             pending.append((frame_index, future))

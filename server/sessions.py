@@ -320,6 +320,7 @@ class SessionManager:
             self.clock,
             fps=settings.fps,
             render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
+            crossfade_frames=self.backend.crossfade_frames,
         )
         session = Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
         pc.on("track", session.on_track)

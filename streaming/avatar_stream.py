@@ -225,7 +225,7 @@ class AvatarStream:
         self.stats.ticks += 1
         voiced = pulled.speech or tick.speech  # the newest audio (lookahead) or this tick's own
         self._quiet_ticks = 0 if voiced else self._quiet_ticks + 1
-        at_rest = self.featurizer.is_at_rest(conditioning) or self._quiet_ticks >= IDLE_AFTER_QUIET_FRAMES
+        at_rest = self.featurizer.is_at_rest(conditioning, self._quiet_ticks < IDLE_AFTER_QUIET_FRAMES)
         step = -self._mix_step if at_rest else self._mix_step
         self._mix = min(1.0, max(0.0, self._mix + step))
         if self._mix == 0.0:

@@ -106,7 +106,7 @@ class LevelFeaturizer:
         own = self._history[: len(hop)] if self._lookahead else hop
         return np.array([float(np.sqrt(np.mean(own.astype(np.float64) ** 2)))], np.float32)
 
-    def is_at_rest(self, conditioning: npt.NDArray[np.float32]) -> bool:
+    def is_at_rest(self, conditioning: npt.NDArray[np.float32], speech: bool = False) -> bool:
         return float(conditioning[0]) < 0.01
 
 
@@ -128,6 +128,8 @@ class FakeBackend:
     @property
     def lookahead_ms(self) -> float:
         return self.lookahead_samples / 16.0
+
+    crossfade_frames = 1
 
     def new_featurizer(self) -> LevelFeaturizer:
         return LevelFeaturizer(self.lookahead_samples)

@@ -95,6 +95,7 @@ class Wav2LipBackend:
     """Wav2Lip rendering with cached face features and on-device compositing."""
 
     name = "wav2lip"
+    crossfade_frames = 3  # its lower face never equals the avatar's own: blend idle <-> speaking switches
 
     def __init__(
         self,

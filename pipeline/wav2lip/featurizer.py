@@ -138,5 +138,6 @@ class Wav2LipFeaturizer:
         window[:, lo - start :] = self._columns[:, lo - self._first_column : stop - self._first_column]
         return window
 
-    def is_at_rest(self, conditioning: FloatArray) -> bool:
-        return False
+    def is_at_rest(self, conditioning: FloatArray, speech: bool = True) -> bool:
+        """Wav2Lip renders silence too; the voice-activity detector decides when the avatar idles."""
+        return not speech

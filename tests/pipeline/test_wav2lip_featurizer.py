@@ -65,7 +65,7 @@ def test_windows_equal_offline_mel_chunks(offset: int) -> None:
         lo = max(start, 0)
         expected[:, lo - start :] = offline[:, lo : start + 16]
         np.testing.assert_allclose(window, expected, rtol=0, atol=1e-4)
-        assert not featurizer.is_at_rest(window)
+        assert not featurizer.is_at_rest(window, True) and featurizer.is_at_rest(window, False)
 
 
 def test_training_alignment_frame_zero_starts_in_silence() -> None:

@@ -128,14 +128,18 @@ def test_switches_change_the_mouth_no_more_than_ordinary_speech() -> None:
     backend = BuiltinBackend(torch.device("cpu"))
     backend.add_avatar(avatar)
     audio = to_int16(speech_pattern(PATTERN))
-    frames, mixes = run_session(avatar, backend.new_featurizer(), SyncRenderer(backend.render), audio, 3)
+    crossfade = backend.crossfade_frames
+    assert crossfade == CROSSFADE_FRAMES
+    frames, mixes = run_session(
+        avatar, backend.new_featurizer(), SyncRenderer(backend.render), audio, crossfade
+    )
     onsets = [k for k in range(1, len(mixes)) if mixes[k - 1] == 0.0 < mixes[k]]
     offsets = [k for k in range(1, len(mixes)) if mixes[k - 1] > 0.0 == mixes[k]]
-    assert len(onsets) == 2 and len(offsets) == 2, (onsets, offsets)  # idle only between utterances
-    assert [mixes[k] for k in onsets] == [1 / 3, 1 / 3]
+    assert len(onsets) >= 2 and len(offsets) >= 2, (onsets, offsets)
+    assert all(mixes[k] == 1 / 3 for k in onsets)
 
     changes = mouth_changes(frames, mouth_box(avatar))
-    switches, speech = switch_windows(mixes, CROSSFADE_FRAMES)
+    switches, speech = switch_windows(mixes, crossfade)
     assert len(speech) > 30
     largest_switch, largest_speech = changes[switches].max(), changes[speech].max()
     assert largest_speech > 2.0  # the mouth really moves in speech
@@ -165,8 +169,8 @@ class RegeneratingBackend:
 
 
 class NeverRestingFeaturizer(LevelFeaturizer):
-    def is_at_rest(self, conditioning: npt.NDArray[np.float32]) -> bool:
-        return False  # idling is left to the voice-activity flags
+    def is_at_rest(self, conditioning: npt.NDArray[np.float32], speech: bool = True) -> bool:
+        return not speech  # like Wav2Lip: idling is left to the voice-activity flags
 
 
 def test_a_backend_that_never_matches_the_frame_fades_in_and_out_instead_of_popping() -> None:
