@@ -44,9 +44,10 @@ def _histogram(
     if not values:
         _text(img, "no latency samples", (x0 + 10, (y0 + y1) // 2))
         return
+    lo = max(0.0, np.floor(float(np.min(values)) * 0.8 / 10.0) * 10.0)
     hi = float(np.percentile(values, 99.5)) * 1.1 + 1.0
-    bins = np.linspace(0.0, hi, 41)
-    counts = [np.histogram(np.clip(vs, 0, hi), bins)[0] / max(1, len(vs)) for _, vs, _ in series]
+    bins = np.linspace(lo, hi, 41)
+    counts = [np.histogram(np.clip(vs, lo, hi), bins)[0] / max(1, len(vs)) for _, vs, _ in series]
     top = max(float(c.max()) for c in counts) or 1.0
     for i in range(6):  # grid and axis labels
         y = int(y1 - (y1 - y0) * i / 5)
@@ -54,7 +55,7 @@ def _histogram(
         _text(img, f"{top * i / 5:.0%}", (x0 - 55, y + 5), 0.4)
     for i in range(9):
         x = int(x0 + (x1 - x0) * i / 8)
-        _text(img, f"{hi * i / 8:.0f}", (x - 12, y1 + 18), 0.4)
+        _text(img, f"{lo + (hi - lo) * i / 8:.0f}", (x - 12, y1 + 18), 0.4)
     width = (x1 - x0) / (len(bins) - 1)
     for s, ((name, vs, color), c) in enumerate(zip(series, counts, strict=True)):
         for i, share in enumerate(c):
@@ -66,7 +67,7 @@ def _histogram(
         _text(
             img,
             f"{name}: n={len(vs)} p50={p50:.0f} p95={p95:.0f} ms",
-            (x1 - 430, y0 + 20 + 20 * s),
+            (x0 + 12, y0 + 22 + 22 * s),
             0.5,
             color,
             1,
