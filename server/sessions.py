@@ -9,22 +9,21 @@ connection never comes up, and at server shutdown.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
-from aiortc.rtcdatachannel import RTCDataChannel
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
 from pipeline.runtime import RENDER_BUDGET_MS
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
+from server.peer import PeerEndpoint
 from server.viewers import SessionViewers
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
@@ -37,8 +36,6 @@ from streaming.vad import SpeechDetector
 
 logger = logging.getLogger(__name__)
 
-META_CHANNEL_LABEL = "meta"
-META_BACKLOG = 250  # frames of metadata kept until the channel opens (10 s at 25 fps)
 RETRY_AFTER_S = 10
 SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
 
@@ -51,7 +48,7 @@ class Answer:
     avatar: Avatar
 
 
-class Session:
+class Session(PeerEndpoint):
     def __init__(
         self,
         session_id: str,
@@ -63,15 +60,15 @@ class Session:
         manager: SessionManager,
         signalling: str = "offer",
     ) -> None:
+        super().__init__(pc, session_id)
         self.id = session_id
         self.signalling = signalling
-        self.pc = pc
         self.avatar = avatar
         self.stream = stream
         self.buffer = buffer
         self.detector = detector
         self.manager = manager
-        self.video = AvatarVideoTrack(stream, on_frame=self._send_meta)
+        self.video = AvatarVideoTrack(stream, on_frame=self._frame_sent)
         self.audio = AvatarAudioTrack(stream)
         self.viewers = SessionViewers(
             session_id,
@@ -82,13 +79,7 @@ class Session:
             connect_timeout_s=manager.settings.connect_timeout_s,
         )
         self.ingest: AudioIngest | None = None
-        self.meta_channel: RTCDataChannel | None = None
-        self._meta_backlog: deque[str] = deque(maxlen=META_BACKLOG)
-        self.closed = asyncio.Event()
-        self._closing = False
-        self._connect_timer: asyncio.TimerHandle | None = None
-        self._limit_timer: asyncio.TimerHandle | None = None
-        self._close_task: asyncio.Task[None] | None = None
+        pc.on("track", self.on_track)
 
     def counters(self) -> dict[str, int]:
         """This session's running totals (summed over sessions by the metrics)."""
@@ -112,73 +103,30 @@ class Session:
         self.ingest = AudioIngest(track, self.buffer, self.detector, session_id=self.id)
         self.ingest.start()
 
-    def on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label == META_CHANNEL_LABEL:
-            self.meta_channel = channel
-
-    def on_connection_state(self) -> None:
-        state = self.pc.connectionState
-        logger.info("[%s] connection %s", self.id, state)
-        if state == "connected":
-            self._cancel_connect_timer()
-            self.stream.start()
-        elif state in ("failed", "closed"):
-            self.schedule_close(f"connection {state}")
+    def on_connected(self) -> None:
+        self.stream.start()
 
     def arm_timers(self, connect_timeout_s: float, max_session_s: float | None) -> None:
         """Close if the connection does not come up in time, and when the session's time is up."""
-        loop = asyncio.get_running_loop()
-        self._connect_timer = loop.call_later(
-            connect_timeout_s, self.schedule_close, f"not connected within {connect_timeout_s:g} s"
-        )
+        self.arm_connect_timeout(connect_timeout_s)
         if max_session_s:
-            self._limit_timer = loop.call_later(
-                max_session_s, self.schedule_close, f"session time limit of {max_session_s:g} s reached"
-            )
+            self.close_after("limit", max_session_s, f"session time limit of {max_session_s:g} s reached")
 
-    def _cancel_connect_timer(self) -> None:
-        if self._connect_timer is not None:
-            self._connect_timer.cancel()
-            self._connect_timer = None
-
-    def _send_meta(self, meta: FrameMeta) -> None:
-        """Send a frame's metadata; frames sent before the channel opened follow in order once it does."""
+    def _frame_sent(self, meta: FrameMeta) -> None:
         if self.manager.frame_observer is not None:
             self.manager.frame_observer(meta, self.buffer.depth_ms)
-        message = json.dumps(meta.to_json(), separators=(",", ":"))
-        channel = self.meta_channel
-        if channel is None or channel.readyState != "open":
-            self._meta_backlog.append(message)
-            return
-        while self._meta_backlog:
-            channel.send(self._meta_backlog.popleft())
-        channel.send(message)
+        self.send_meta(meta)
 
-    def schedule_close(self, reason: str) -> None:
-        """Close from a callback (keeps a reference to the task)."""
-        if self._close_task is None and not self._closing:
-            self._close_task = asyncio.create_task(self.close(reason), name=f"close-{self.id}")
+    async def release(self) -> None:
+        await self.viewers.close("session closed")
+        self.video.stop()
+        self.audio.stop()
+        await self.stream.stop()
+        if self.ingest is not None:
+            await self.ingest.stop()
 
-    async def close(self, reason: str = "closed") -> None:
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        logger.info("[%s] closing: %s", self.id, reason)
-        self._cancel_connect_timer()
-        if self._limit_timer is not None:
-            self._limit_timer.cancel()
-        try:
-            await self.viewers.close("session closed")
-            self.video.stop()
-            self.audio.stop()
-            await self.stream.stop()
-            if self.ingest is not None:
-                await self.ingest.stop()
-            await self.pc.close()
-        finally:
-            self.manager.forget(self)
-            self.closed.set()
+    async def forget(self) -> None:
+        self.manager.forget(self)
 
 
 class SessionManager:
@@ -322,11 +270,7 @@ class SessionManager:
             render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
             crossfade_frames=self.backend.crossfade_frames,
         )
-        session = Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
-        pc.on("track", session.on_track)
-        pc.on("datachannel", session.on_datachannel)
-        pc.on("connectionstatechange", session.on_connection_state)
-        return session
+        return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
 
     async def _negotiate(self, session: Session, offer: RTCSessionDescription) -> None:
         pc = session.pc

@@ -9,27 +9,23 @@ It runs on DELETE, when the connection fails or closes, when it never comes up, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcconfiguration import RTCConfiguration
-from aiortc.rtcdatachannel import RTCDataChannel
 
 from server.errors import BadRequestError, CapacityError, NotFoundError
+from server.peer import PeerEndpoint
 from streaming.avatar_stream import AvatarStream, FrameMeta
 from streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
 from streaming.offers import OfferError, OfferSummary, summarize_offer
 
 logger = logging.getLogger(__name__)
 
-META_CHANNEL_LABEL = "meta"
-META_BACKLOG = 250  # frames of metadata kept until the channel opens (10 s at 25 fps), as for the caller
 RETRY_AFTER_S = 10
 # The shared encoders make VP8 and Opus; a viewer must accept them (RTX for VP8 retransmissions).
 VIEWER_CODECS = {"video": ("video/vp8", "video/rtx"), "audio": ("audio/opus",)}
@@ -56,73 +52,20 @@ def check_viewer_offer(summary: OfferSummary) -> None:
             )
 
 
-class Viewer:
+class Viewer(PeerEndpoint):
     def __init__(self, viewer_id: str, pc: RTCPeerConnection, group: SessionViewers) -> None:
+        super().__init__(pc, f"{group.session_id}/{viewer_id}")
         self.id = viewer_id
-        self.pc = pc
         self.group = group
         self.subscription: Subscription | None = None
-        self.meta_channel: RTCDataChannel | None = None
-        self._meta_backlog: deque[str] = deque(maxlen=META_BACKLOG)
-        self.closed = asyncio.Event()
-        self._closing = False
-        self._connect_timer: asyncio.TimerHandle | None = None
-        self._close_task: asyncio.Task[None] | None = None
-
-    @property
-    def tag(self) -> str:
-        return f"{self.group.session_id}/{self.id}"
-
-    def on_connection_state(self) -> None:
-        state = self.pc.connectionState
-        logger.info("[%s] viewer connection %s", self.tag, state)
-        if state == "connected":
-            if self._connect_timer is not None:
-                self._connect_timer.cancel()
-                self._connect_timer = None
-        elif state in ("failed", "closed"):
-            self.schedule_close(f"connection {state}")
-
-    def on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label == META_CHANNEL_LABEL:
-            self.meta_channel = channel
 
     def send_meta(self, meta: FrameMeta | None) -> None:
-        """The metadata of each video frame this viewer is sent; kept until its channel (if any) opens."""
-        if meta is None:
-            return
-        message = json.dumps(meta.to_json(), separators=(",", ":"))
-        channel = self.meta_channel
-        if channel is None or channel.readyState != "open":
-            self._meta_backlog.append(message)
-            return
-        while self._meta_backlog:
-            channel.send(self._meta_backlog.popleft())
-        channel.send(message)
+        """The metadata of each video frame this viewer is sent (None: a frame without metadata)."""
+        if meta is not None:
+            super().send_meta(meta)
 
-    def arm_connect_timeout(self, timeout_s: float) -> None:
-        self._connect_timer = asyncio.get_running_loop().call_later(
-            timeout_s, self.schedule_close, f"not connected within {timeout_s:g} s"
-        )
-
-    def schedule_close(self, reason: str) -> None:
-        if self._close_task is None and not self._closing:
-            self._close_task = asyncio.create_task(self.close(reason), name=f"close-viewer-{self.id}")
-
-    async def close(self, reason: str = "closed") -> None:
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        logger.info("[%s] viewer closing: %s", self.tag, reason)
-        if self._connect_timer is not None:
-            self._connect_timer.cancel()
-            self._connect_timer = None
-        try:
-            await self.pc.close()
-        finally:
-            await self.group.forget(self)
-            self.closed.set()
+    async def forget(self) -> None:
+        await self.group.forget(self)
 
 
 class SessionViewers:
@@ -197,8 +140,6 @@ class SessionViewers:
 
     async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str) -> None:
         pc = viewer.pc
-        pc.on("connectionstatechange", viewer.on_connection_state)
-        pc.on("datachannel", viewer.on_datachannel)
         if self.fanout is None:
             self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps)
         fanout = self.fanout

@@ -13,7 +13,6 @@ avatar at rest is shown at a low rate. A missing package or device fails the sta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from server.sessions import SessionManager
 from server.state import RUNTIME, SETTINGS
 from streaming.avatar_stream import AvatarStream
 from streaming.clock import Clock
+from streaming.tasks import cancel_and_wait
 from streaming.tracks import AvatarVideoTrack
 
 logger = logging.getLogger(__name__)
@@ -117,11 +117,8 @@ class VirtualCamera:
             self._task = asyncio.create_task(self._run(), name="virtualcam")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._follow(None)
         self.camera.close()
 

@@ -33,6 +33,7 @@ from streaming.audio_buffer import InputAudioBuffer
 from streaming.clock import Clock, FrameTimeline
 from streaming.delay import Delayed, DelayLine
 from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
+from streaming.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -157,13 +158,8 @@ class AvatarStream:
         self.started.set()  # release tracks still waiting for a start that will not come
         async with self._produced:
             self._produced.notify_all()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.renderer.cancel_session(self.session_id)
         for tick in self._ticks.values():
             if tick.patch is not None:

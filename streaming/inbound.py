@@ -15,6 +15,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
 
 from streaming.audio_buffer import InputAudioBuffer
+from streaming.tasks import cancel_and_wait
 from streaming.vad import Reblocker, SpeechDetector
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,8 @@ class AudioIngest:
             self._task = asyncio.create_task(self._run(), name=f"ingest-{self.session_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def convert(self, frame: AudioFrame) -> None:
         """Resample one decoded frame and push whole 20 ms blocks with their speech flags."""

@@ -37,7 +37,23 @@ class VideoStats:
     failed: int = 0  # render raised: avatar frame shown as it is
 
 
-class AvatarVideoTrack(MediaStreamTrack):
+class _StreamTrack(MediaStreamTrack):
+    """A track paced by an :class:`AvatarStream`."""
+
+    stream: AvatarStream
+
+    async def _running_stream(self) -> AvatarStream:
+        """The stream once it runs; ends the track (MediaStreamError) if it stopped or never started."""
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self.stream.started.wait()
+        if self.stream.closed:
+            self.stop()
+            raise MediaStreamError
+        return self.stream
+
+
+class AvatarVideoTrack(_StreamTrack):
     kind = "video"
 
     def __init__(self, stream: AvatarStream, on_frame: Callable[[FrameMeta], None] | None = None) -> None:
@@ -53,13 +69,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._next = index
 
     async def recv(self) -> VideoFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        stream = self.stream
-        await stream.started.wait()
-        if stream.closed:
-            self.stop()
-            raise MediaStreamError
+        stream = await self._running_stream()
         index = self._next
         await stream.clock.sleep_until(stream.present_time(index))
         # Fell behind by more than a frame (slow encoder, stalled loop): jump to the newest tick.
@@ -120,7 +130,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         )
 
 
-class AvatarAudioTrack(MediaStreamTrack):
+class AvatarAudioTrack(_StreamTrack):
     """Sends each tick's audio as 20 ms frames: aiortc puts every frame it is given into one RTP timestamp,
     and an Opus packet is 20 ms, so a 40 ms frame would become two packets the receiver cannot tell apart."""
 
@@ -142,13 +152,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._next = tick_index * self._per_tick
 
     async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        stream = self.stream
-        await stream.started.wait()
-        if stream.closed:
-            self.stop()
-            raise MediaStreamError
+        stream = await self._running_stream()
         tick_index, part = divmod(self._next, self._per_tick)
         await stream.clock.sleep_until(stream.present_time(tick_index) + part * self.FRAME_MS / 1000.0)
         if part == 0:

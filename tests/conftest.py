@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -22,3 +24,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A network namespace with only loopback: what starts in it (servers, browsers, nginx) reaches nothing
+    else. Tests that use it carry :data:`tests.system.needs_netns`."""
+    name = f"lipcast-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

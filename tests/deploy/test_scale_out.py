@@ -11,14 +11,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.system import in_netns, needs_netns
 
 ROOT = Path(__file__).resolve().parents[2]
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -36,33 +35,13 @@ CREATED = re.compile(r"\[(?P<id>[A-Za-z0-9_-]+)\] created")
 pytestmark = pytest.mark.skipif(
     NGINX is None, reason="nginx is not installed (.ci/run installs the Debian package)"
 )
-needs_netns = pytest.mark.skipif(
-    shutil.which("ip") is None or os.geteuid() != 0,
-    reason="needs root and iproute2 for a loopback-only network namespace",
-)
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"lipcast-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def drive(netns: str, workdir: Path) -> dict[str, Any]:
     """Run the driver in the namespace; on a timeout end its whole process group (servers, nginx)."""
     proc = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
+        in_netns(
             netns,
-            sys.executable,
-            "-m",
             "tests.deploy.drive_scale_out",
             "--workdir",
             str(workdir),
@@ -72,7 +51,7 @@ def drive(netns: str, workdir: Path) -> dict[str, Any]:
             str(DURATION_S),
             "--max-sessions",
             ",".join(map(str, CAPACITIES)),
-        ],
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

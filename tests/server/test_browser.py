@@ -5,22 +5,17 @@ installs chromium and runs as root)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-import uuid
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.fakes import speech_pattern, to_int16
+from tests.system import CHROMIUM, in_netns, needs_chromium, needs_netns
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PATTERN = [
     ("silence", 2.0),
     ("speech", 1.2),
@@ -33,23 +28,9 @@ PATTERN = [
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(
-        shutil.which("ip") is None or os.geteuid() != 0,
-        reason="needs root and iproute2 for a loopback-only network namespace",
-    ),
+    needs_chromium,
+    needs_netns,
 ]
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"lipcast-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def write_wav(path: Path) -> None:
@@ -75,13 +56,8 @@ def test_browser_call_decodes_frames_and_the_mouth_follows_speech(netns: str, tm
     wav = tmp_path / "speech.wav"
     write_wav(wav)
     run = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
+        in_netns(
             netns,
-            sys.executable,
-            "-m",
             "tests.browser.drive_call",
             "--wav",
             str(wav),
@@ -89,7 +65,7 @@ def test_browser_call_decodes_frames_and_the_mouth_follows_speech(netns: str, tm
             "13",
             "--chromium",
             str(CHROMIUM),
-        ],
+        ),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -4,45 +4,27 @@ loopback-only network namespace (like tests/server/test_browser.py; CI installs 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.system import CHROMIUM, in_netns, needs_chromium, needs_netns
+
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(
-        shutil.which("ip") is None or os.geteuid() != 0,
-        reason="needs root and iproute2 for a loopback-only network namespace",
-    ),
+    needs_chromium,
+    needs_netns,
 ]
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"lipcast-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def test_viewer_page_plays_the_session_with_sound_on_a_green_background(netns: str, tmp_path: Path) -> None:
     shot = tmp_path / "viewer.png"
     run = subprocess.run(
-        ["ip", "netns", "exec", netns, sys.executable, "-m", "tests.browser.drive_viewer"]
+        in_netns(netns, "tests.browser.drive_viewer")
         + ["--seconds", "5", "--chromium", str(CHROMIUM), "--screenshot", str(shot), "--width", "640"]
         + ["--height", "360", "--bg", "00ff00"],
         cwd=ROOT,
