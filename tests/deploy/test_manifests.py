@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,14 @@ def test_dockerfile_runs_lipcast_as_a_non_root_user_on_a_cuda_runtime_base() -> 
 
 
 def hadolint() -> str | None:
-    installed = ROOT / ".venv" / "deploy-tools" / "bin" / "hadolint"  # where `make lint-docker` puts it
-    return str(installed) if installed.exists() else shutil.which("hadolint")
+    # the dev extra installs it beside this interpreter; `make lint-docker` in a tools venv of its own
+    for installed in (
+        Path(sys.executable).parent / "hadolint",
+        ROOT / ".venv" / "deploy-tools" / "bin" / "hadolint",
+    ):
+        if installed.exists():
+            return str(installed)
+    return shutil.which("hadolint")
 
 
 @pytest.mark.skipif(hadolint() is None, reason="hadolint is not installed (make lint-docker installs it)")
