@@ -46,7 +46,16 @@ from pipeline.avatar_prepare import (
 from pipeline.face_detect import create_detector
 from server.auth import require_bearer
 from server.config import Settings
-from server.errors import ApiError, BadRequestError, NotFoundError, UnsupportedMediaTypeError
+from server.errors import (
+    ApiError,
+    BadRequestError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnprocessableError,
+    UnsupportedMediaTypeError,
+)
 from server.state import RUNTIME, SETTINGS, Runtime, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -59,22 +68,6 @@ MAX_FIELD_BYTES = 1024  # the form's text fields
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # boundaries and headers on top of the file
 KEPT_JOBS = 100  # finished jobs remembered for GET /avatars/jobs/{id}
 SUFFIX_PATTERN = re.compile(r"^\.[a-z0-9]{1,5}$")
-
-
-class ForbiddenError(ApiError):
-    status = 403
-
-
-class ConflictError(ApiError):
-    status = 409
-
-
-class PayloadTooLargeError(ApiError):
-    status = 413
-
-
-class UnprocessableError(ApiError):
-    status = 422
 
 
 def status_of(error: AvatarError) -> int:

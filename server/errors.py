@@ -44,12 +44,28 @@ class UnauthorizedError(ApiError):
         return {"WWW-Authenticate": challenge}
 
 
+class ForbiddenError(ApiError):
+    status = 403
+
+
 class NotFoundError(ApiError):
     status = 404
 
 
+class ConflictError(ApiError):
+    status = 409
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+
+
 class UnsupportedMediaTypeError(ApiError):
     status = 415
+
+
+class UnprocessableError(ApiError):
+    status = 422
 
 
 class NotImplementedApiError(ApiError):

@@ -65,6 +65,38 @@ POLL_JS = """
 """
 
 
+def launch_browser(
+    chromium: str, url: str, devtools_port: int, *extra: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Headless Chromium on ``url`` with a fresh profile and a DevTools port; returns (process, profile)."""
+    profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
+    proc = subprocess.Popen(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            *extra,
+            f"--user-data-dir={profile}",
+            f"--remote-debugging-port={devtools_port}",
+            url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, profile
+
+
+def stop_browser(proc: subprocess.Popen[bytes] | None, profile: str) -> None:
+    """End the browser (politely, then not) and remove its profile."""
+    if proc is not None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        if proc.poll() is None:
+            proc.kill()
+    if profile:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,19 +147,9 @@ async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     devtools_port = free_port()
-    profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
     url = f"http://127.0.0.1:{port}/?autostart=1&ec=0&ns=0&agc=0"
-    proc = subprocess.Popen(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={profile}",
-            f"--remote-debugging-port={devtools_port}",
-            f"--use-file-for-fake-audio-capture={wav}%noloop",
-            url,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc, profile = launch_browser(
+        chromium, url, devtools_port, f"--use-file-for-fake-audio-capture={wav}%noloop"
     )
     polls: list[dict[str, Any]] = []
     try:
@@ -144,12 +166,7 @@ async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
                     await asyncio.sleep(0.05)
                 final_state = await tools.evaluate("document.body && document.body.dataset.state")
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
-        if proc.poll() is None:
-            proc.kill()
-        shutil.rmtree(profile, ignore_errors=True)
+        stop_browser(proc, profile)
         await runner.cleanup()
     return {"polls": polls, "final_state": final_state, "mouth_box": box}
 

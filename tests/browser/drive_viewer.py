@@ -10,12 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from server.config import Settings
 from server.probe.patterns import burst_pattern
 from server.probe.wish import open_publisher
 from streaming.rtc import restrict_host_addresses
-from tests.browser.drive_call import CHROMIUM_FLAGS, DevTools, free_port, page_socket
+from tests.browser.drive_call import DevTools, free_port, launch_browser, page_socket, stop_browser
 
 TOKEN = "viewer-test-token"
 POLL_JS = """
@@ -72,7 +70,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     base = f"http://127.0.0.1:{port}"
     devtools_port = free_port()
-    profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
+    profile = ""
     polls: list[dict[str, Any]] = []
     proc: subprocess.Popen[bytes] | None = None
     try:
@@ -86,18 +84,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     avatars = await response.json()
                 box = next(a for a in avatars["avatars"] if a["name"] == avatars["default"])["mouth_box"]
                 page = f"{base}/static/viewer.html?session={publisher.session_id}&bg={args.bg}&token={TOKEN}"
-                proc = subprocess.Popen(  # noqa: ASYNC220 - a one-off browser start
-                    [
-                        args.chromium,
-                        *CHROMIUM_FLAGS,
-                        f"--window-size={args.width},{args.height}",
-                        "--hide-scrollbars",
-                        f"--user-data-dir={profile}",
-                        f"--remote-debugging-port={devtools_port}",
-                        page,
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                proc, profile = launch_browser(
+                    args.chromium,
+                    page,
+                    devtools_port,
+                    f"--window-size={args.width},{args.height}",
+                    "--hide-scrollbars",
                 )
                 ws_url = await page_socket(http, devtools_port, time.monotonic() + 20)
                 async with http.ws_connect(ws_url, max_msg_size=0) as ws:
@@ -122,13 +114,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await publisher.close()
     finally:
-        if proc is not None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-            if proc.poll() is None:
-                proc.kill()
-        shutil.rmtree(profile, ignore_errors=True)
+        stop_browser(proc, profile)
         await runner.cleanup()
     return {"polls": polls, "viewers": viewers}
 
