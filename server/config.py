@@ -61,6 +61,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API from other sites ("*": any)
     auth_token: str | None = field(default=None, repr=False)  # Bearer token for WHIP, WHEP and /offer
     max_viewers: int = 8  # WHEP viewers per session
+    push_buffer_s: float = 30.0  # pushed audio a push session queues ahead of playout (POST /sessions)
+    push_grace_s: float = 30.0  # a push session without an audio socket for this long is closed
     viewer_bitrate_kbps: int = 1500  # the shared viewer encoder's fixed VP8 target
     virtualcam: bool = False
     virtualcam_device: str | None = None  # None: the first v4l2loopback device
@@ -102,6 +104,8 @@ class Settings:
             problems.append("max_upload_side_px and avatar_max_side_px must be at least 16")
         if self.max_session_s < 0 or self.drain_timeout_s < 0:
             problems.append("max_session_s and drain_timeout_s must be >= 0")
+        if self.push_buffer_s <= 0 or self.push_grace_s <= 0:
+            problems.append("push_buffer_s and push_grace_s must be > 0")
         if self.max_viewers < 0:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
@@ -244,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-viewers", type=int, help="WHEP viewers per session (env LIPCAST_MAX_VIEWERS)")
     p.add_argument(
+        "--push-buffer-s",
+        type=float,
+        help="pushed audio a push session may queue ahead of playout, seconds (env LIPCAST_PUSH_BUFFER_S)",
+    )
+    p.add_argument(
+        "--push-grace-s",
+        type=float,
+        help="close a push session this long after its audio socket is gone (env LIPCAST_PUSH_GRACE_S)",
+    )
+    p.add_argument(
         "--viewer-bitrate-kbps",
         type=int,
         help="fixed VP8 bitrate of the viewers' shared encoder (env LIPCAST_VIEWER_BITRATE_KBPS)",
@@ -295,6 +309,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "max_session_s": float,
         "drain_timeout_s": float,
         "max_viewers": int,
+        "push_buffer_s": float,
+        "push_grace_s": float,
         "viewer_bitrate_kbps": int,
         "virtualcam": _flag,
         "checkpoint": Path,

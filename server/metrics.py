@@ -96,6 +96,9 @@ class _RuntimeCollector(Collector):
             "audio_underruns": "Ticks that found the inbound audio buffer dry (silence was sent)",
             "audio_trimmed_samples": "Inbound 48 kHz samples of silence removed to bring latency back down",
             "audio_overflow_samples": "Inbound 48 kHz samples dropped above the buffer's hard bound",
+            "push_bytes_in": "PCM16 bytes queued by push sessions",
+            "push_bytes_refused": "PCM16 bytes refused by push sessions (buffer full; the sender was told)",
+            "interrupts": "Interrupts (barge-in) of push sessions",
         }
         for name, help_text in described.items():
             yield _counter(f"lipcast_{name}", help_text, totals.get(name, 0))

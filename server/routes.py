@@ -11,7 +11,7 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from pipeline.avatar import Avatar
-from server import cors, whip_whep
+from server import cors, push, whip_whep
 from server.auth import require_bearer
 from server.errors import BadRequestError, NotFoundError
 from server.metrics import metrics_handler
@@ -193,6 +193,10 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/avatars", list_avatars)
     app.router.add_get("/avatars/{name}/preview.png", avatar_preview)
     whip_whep.setup(app)
-    cors.setup(app, ("/offer", "/sessions/{session_id}", "/avatars", "/avatars/jobs/{job_id}", "/config"))
+    push.setup(app)
+    cors.setup(
+        app,
+        ("/offer", "/sessions", "/sessions/{session_id}", "/avatars", "/avatars/jobs/{job_id}", "/config"),
+    )
     if static_dir.is_dir():
         app.router.add_static("/static/", static_dir)

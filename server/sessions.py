@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 10
 SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
+# (push sessions, server/push.py, have signalling "push" and no negotiated peer connection)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,24 @@ class SessionManager:
             raise NotFoundError(f"unknown avatar {name!r}; available: {', '.join(sorted(self.avatars))}")
         return avatar
 
+    def admit(self, avatar_name: str | None) -> Avatar:
+        """The avatar for a new session, or :class:`CapacityError` while draining or full."""
+        if self.draining:
+            self.refused_total["draining"] += 1
+            raise CapacityError("the server is shutting down; try another instance", RETRY_AFTER_S)
+        avatar = self.avatar(avatar_name)
+        if len(self) >= self.settings.max_sessions:
+            self.refused_total["capacity"] += 1
+            raise CapacityError(
+                f"all {self.settings.max_sessions} sessions are in use; try again later", RETRY_AFTER_S
+            )
+        return avatar
+
+    def register(self, session: Session) -> None:
+        """Book a session made outside :meth:`create` (a push session)."""
+        self.sessions[session.id] = session
+        self.created_total += 1
+
     def rtc_configuration(self) -> RTCConfiguration:
         return RTCConfiguration(
             iceServers=[
@@ -224,15 +243,7 @@ class SessionManager:
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
-        if self.draining:
-            self.refused_total["draining"] += 1
-            raise CapacityError("the server is shutting down; try another instance", RETRY_AFTER_S)
-        avatar = self.avatar(avatar_name)
-        if len(self) >= self.settings.max_sessions:
-            self.refused_total["capacity"] += 1
-            raise CapacityError(
-                f"all {self.settings.max_sessions} sessions are in use; try again later", RETRY_AFTER_S
-            )
+        avatar = self.admit(avatar_name)
         self._reserved += 1  # hold the slot across the awaits below
         session: Session | None = None
         pc = RTCPeerConnection(self.rtc_configuration())
@@ -254,12 +265,9 @@ class SessionManager:
         logger.info("[%s] created (avatar %s)", session.id, avatar.name)
         return Answer(session.id, local.sdp, local.type, avatar)
 
-    def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:
+    def new_stream(self, session_id: str, avatar: Avatar, buffer: InputAudioBuffer) -> AvatarStream:
         settings = self.settings
-        session_id = secrets.token_urlsafe(9)
-        buffer = InputAudioBuffer(INBOUND_RATE_HZ, target_ms=settings.jitter_buffer_ms)
-        detector = SpeechDetector(INBOUND_RATE_HZ, settings.vad_aggressiveness)
-        stream = AvatarStream(
+        return AvatarStream(
             session_id,
             avatar,
             self.backend.new_featurizer(),
@@ -269,7 +277,15 @@ class SessionManager:
             fps=settings.fps,
             render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
             crossfade_frames=self.backend.crossfade_frames,
+            new_featurizer=self.backend.new_featurizer,
         )
+
+    def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:
+        settings = self.settings
+        session_id = secrets.token_urlsafe(9)
+        buffer = InputAudioBuffer(INBOUND_RATE_HZ, target_ms=settings.jitter_buffer_ms)
+        detector = SpeechDetector(INBOUND_RATE_HZ, settings.vad_aggressiveness)
+        stream = self.new_stream(session_id, avatar, buffer)
         return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
 
     async def _negotiate(self, session: Session, offer: RTCSessionDescription) -> None:

@@ -50,6 +50,7 @@ class BufferStats:
     underruns: int = 0
     trimmed_samples: int = 0
     overflow_samples: int = 0
+    interrupted_samples: int = 0  # dropped on purpose by :meth:`InputAudioBuffer.interrupt`
 
 
 class InputAudioBuffer:
@@ -60,14 +61,19 @@ class InputAudioBuffer:
         sample_rate_hz: int = 48_000,
         *,
         target_ms: float = 80.0,
-        trim_hysteresis_ms: float = 40.0,
+        trim_hysteresis_ms: float | None = 40.0,
         max_ms: float = 1000.0,
     ) -> None:
+        """``trim_hysteresis_ms=None`` never trims silence (pushed audio: every sample is played)."""
         if not 0 < target_ms < max_ms:
             raise ValueError("need 0 < target_ms < max_ms")
         self.sample_rate_hz = sample_rate_hz
         self.target_samples = round(target_ms * sample_rate_hz / 1000)
-        self.trim_above_samples = self.target_samples + round(trim_hysteresis_ms * sample_rate_hz / 1000)
+        self.trim_above_samples = (
+            None
+            if trim_hysteresis_ms is None
+            else self.target_samples + round(trim_hysteresis_ms * sample_rate_hz / 1000)
+        )
         self.max_samples = round(max_ms * sample_rate_hz / 1000)
         self.stats = BufferStats()
         self._blocks: deque[_Block] = deque()
@@ -99,6 +105,28 @@ class InputAudioBuffer:
                 "inbound audio over its %d-sample bound: dropped %d samples", self.max_samples, dropped
             )
 
+    def flush(self, tick_samples: int) -> int:
+        """End of an utterance: pad with silence to whole ticks and play out even below the target.
+
+        Returns the silence samples added.
+        """
+        if self._depth == 0:
+            return 0
+        pad = -self._depth % tick_samples
+        if pad:
+            self.push(np.zeros(pad, np.int16), False)
+        self._primed = self._ever_primed = True
+        return pad
+
+    def interrupt(self) -> int:
+        """Drop everything queued (barge-in); the next audio primes playout afresh. Returns samples dropped"""
+        dropped = self._depth
+        self._blocks.clear()
+        self._depth = 0
+        self._primed = False
+        self.stats.interrupted_samples += dropped
+        return dropped
+
     def pull(self, count: int) -> Pulled:
         """Take ``count`` samples for one tick (silence when not primed or dry)."""
         if not self._primed:
@@ -112,7 +140,7 @@ class InputAudioBuffer:
             return Pulled(np.zeros(count, np.int16), False, None, underrun=True)
         pulled = self._take(count)
         excess = self._depth - self.target_samples
-        if self._depth > self.trim_above_samples:
+        if self.trim_above_samples is not None and self._depth > self.trim_above_samples:
             self.stats.trimmed_samples += self._discard_oldest(excess, silence_only=True)
         return pulled
 

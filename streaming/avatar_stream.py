@@ -78,6 +78,7 @@ class StreamStats:
     at_rest: int = 0
     render_errors: int = 0
     producer_late_ticks: int = 0  # ticks produced after their due time + one frame (event loop stalls)
+    interrupts: int = 0
 
 
 def idle_frame_index(tick: int, frame_count: int) -> int:
@@ -106,7 +107,9 @@ class AvatarStream:
         capacity_ms: float = 2000.0,
         crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
+        new_featurizer: Callable[[], Featurizer] | None = None,
     ) -> None:
+        """``new_featurizer`` makes a fresh featurizer for :meth:`interrupt` (its windows forgotten)."""
         self.session_id = session_id
         self.avatar = avatar
         self.featurizer = featurizer
@@ -121,6 +124,7 @@ class AvatarStream:
         self.timeline: FrameTimeline | None = None
         self.started = asyncio.Event()
         self._perf = perf_counter
+        self._new_featurizer = new_featurizer
         self._decimator = Decimator()
         self._delay = DelayLine(featurizer.lookahead_samples * FACTOR + DECIMATOR_DELAY_48K)
         self._ticks: dict[int, Tick] = {}
@@ -165,6 +169,39 @@ class AvatarStream:
             if tick.patch is not None:
                 tick.patch.cancel()
         self._ticks.clear()
+
+    def interrupt(self) -> int:
+        """Barge-in: drop every stage's queued audio and put the mouth at rest from the next tick that leaves.
+
+        Empties the input buffer, the decimator's and featurizer's history and the delay line, cancels the
+        session's queued renders in the engine, and turns every tick produced but not yet due to leave into
+        silence at rest (no crossfade). Returns how many such unsent ticks were silenced.
+        """
+        self.audio_in.interrupt()
+        self._decimator = Decimator()
+        if self._new_featurizer is not None:
+            self.featurizer = self._new_featurizer()
+        self._delay = DelayLine(self._delay.delay_samples)
+        self.renderer.cancel_session(self.session_id)
+        self._mix = 0.0
+        self._quiet_ticks = IDLE_AFTER_QUIET_FRAMES
+        self.stats.interrupts += 1
+        silenced = 0
+        if self.timeline is None:
+            return 0
+        now = self.clock.now()
+        for index, tick in self._ticks.items():
+            if self.present_time(index) <= now:
+                continue  # already left (or leaving now)
+            if tick.patch is not None:
+                tick.patch.cancel()
+                tick.patch = None
+            tick.audio = np.zeros_like(tick.audio)
+            tick.input_pos = None
+            tick.speech = False
+            tick.mix = 1.0
+            silenced += 1
+        return silenced
 
     async def get(self, index: int) -> Tick | None:
         """Tick ``index``, waiting until it is produced; None if discarded or the stream closed."""

@@ -48,3 +48,8 @@ class Reblocker:
         whole = len(data) // self.block_samples * self.block_samples
         self._rest = data[whole:].copy()
         return [data[i : i + self.block_samples] for i in range(0, whole, self.block_samples)]
+
+    def take_rest(self) -> npt.NDArray[np.int16]:
+        """The samples short of a whole block, removed (a flush, or an interrupt that forgets them)."""
+        rest, self._rest = self._rest, np.zeros(0, np.int16)
+        return rest

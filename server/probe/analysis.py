@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.probe.client import CallRecording
-from server.probe.media import PACKET_SAMPLES, RATE_HZ
+from server.probe.media import PACKET_SAMPLES, RATE_HZ, ReceivedAudio
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -183,11 +183,15 @@ def sent_time(recording: CallRecording, sample: int) -> float | None:
 
 def received_time(recording: CallRecording, sample: int) -> float | None:
     """When received-audio sample ``sample`` arrived (its decoded chunk's arrival)."""
-    starts = recording.audio.starts
-    i = int(np.searchsorted(starts, sample, side="right")) - 1
-    if i < 0 or sample >= recording.audio.total:
+    return received_time_of(recording.audio, sample)
+
+
+def received_time_of(audio: ReceivedAudio, sample: int) -> float | None:
+    """When sample ``sample`` of ``audio`` arrived (its decoded chunk's arrival)."""
+    i = int(np.searchsorted(audio.starts, sample, side="right")) - 1
+    if i < 0 or sample >= audio.total:
         return None
-    return recording.audio.arrived_at[i]
+    return audio.arrived_at[i]
 
 
 def audio_delays_ms(recording: CallRecording, lag: int) -> FloatArray:
