@@ -135,6 +135,7 @@ class AvatarStream:
         self._mix_step = 1.0 / max(1, crossfade_frames)
         self._mix = 0.0  # weight of rendered frames now: 0 idle, 1 speaking
         self._quiet_ticks = IDLE_AFTER_QUIET_FRAMES  # ticks since the last voice activity
+        self._hushed = False  # interrupted and no new audio pulled since
 
     @property
     def delay_ms(self) -> float:
@@ -185,6 +186,7 @@ class AvatarStream:
         self.renderer.cancel_session(self.session_id)
         self._mix = 0.0
         self._quiet_ticks = IDLE_AFTER_QUIET_FRAMES
+        self._hushed = True  # at rest, whatever the featurizer says, until new audio arrives
         self.stats.interrupts += 1
         silenced = 0
         if self.timeline is None:
@@ -258,7 +260,11 @@ class AvatarStream:
         self.stats.ticks += 1
         voiced = pulled.speech or tick.speech  # the newest audio (lookahead) or this tick's own
         self._quiet_ticks = 0 if voiced else self._quiet_ticks + 1
-        at_rest = self.featurizer.is_at_rest(conditioning, self._quiet_ticks < IDLE_AFTER_QUIET_FRAMES)
+        if pulled.input_pos is not None:
+            self._hushed = False
+        at_rest = self._hushed or self.featurizer.is_at_rest(
+            conditioning, self._quiet_ticks < IDLE_AFTER_QUIET_FRAMES
+        )
         step = -self._mix_step if at_rest else self._mix_step
         self._mix = min(1.0, max(0.0, self._mix + step))
         if self._mix == 0.0:
