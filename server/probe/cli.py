@@ -50,6 +50,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-fps", type=float, help="limit on every session's received fps")
     p.add_argument("--min-audio-returned", type=float, help="share of sent audio that must return, 0..1")
     p.add_argument(
+        "--push",
+        action="store_true",
+        help="measure a push session instead of a call: push -> voice/mouth, interrupt -> silence/rest",
+    )
+    p.add_argument("--push-cycles", type=int, default=10, help="--push: utterances pushed and interrupted")
+    p.add_argument(
+        "--push-speak-s", type=float, default=1.0, help="--push: how long each plays before the interrupt"
+    )
+    p.add_argument("--token", help="bearer token of the server (--push)")
+    p.add_argument(
         "--ice-address",
         action="append",
         dest="ice_addresses",
@@ -202,6 +212,12 @@ def check(s: dict[str, Any], limits: Thresholds) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
+    if args.push:
+        from server.probe import push_probe
+
+        if args.ice_addresses:
+            restrict_host_addresses(args.ice_addresses)
+        return push_probe.main(args)
     try:
         audio = load_audio(args.wav) if args.wav else burst_pattern(args.duration_s, seed=args.seed)
     except (OSError, ValueError) as e:
