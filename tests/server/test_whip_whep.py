@@ -151,8 +151,12 @@ async def test_whep_viewers_get_the_callers_frames_encoded_once(aiohttp_client) 
     same = [np.abs(own[k].astype(int) - first[k].astype(int)).mean() for k in common]
     assert np.median(same) < 4.0, np.median(same)
     steps = {k: np.abs(own[k].astype(int) - own[k + 2]).mean() for k in common if k + 2 in own}
-    moving = [k for k in common if k + 2 in first and steps.get(k, 0) > 2 * max(same)]
-    assert len(moving) >= 10, sorted(steps.values())[-20:]
+    # Frames where the mouth moves clearly more than the codec noise between the two encodes. (The noise's
+    # 90th percentile, not its maximum: on a busy machine the caller's encoder, which follows REMB, can drop
+    # its quality for a few frames, and one such frame would hide every moving one.)
+    noise = float(np.percentile(same, 90))
+    moving = [k for k in common if k + 2 in first and steps.get(k, 0) > 2 * noise]
+    assert len(moving) >= 10, (noise, sorted(steps.values())[-20:])
     for k in moving:
         assert np.abs(own[k].astype(int) - first[k]).mean() < np.abs(own[k].astype(int) - first[k + 2]).mean()
     # Viewer latency relative to the caller, frame by frame: the viewer is sent each tick live, as the caller
