@@ -16,6 +16,7 @@ runs between two batches.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -88,7 +89,10 @@ class RenderEngine:
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         *,
         clock: Callable[[], float] = time.monotonic,
+        worker_niceness: int = 0,
     ) -> None:
+        """``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
+        device rendering is best effort (a late frame is repeated) while the media clock must never stall."""
         sizes = tuple(sorted(set(batch_sizes)))
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes!r}")
@@ -103,6 +107,7 @@ class RenderEngine:
         self._stopping = False
         self._avatars: dict[str, Avatar] = {}
         self.warmup_s: float | None = None
+        self.worker_niceness = worker_niceness
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -253,7 +258,16 @@ class RenderEngine:
             else:
                 command.future.set_result(None)
 
+    def _lower_priority(self) -> None:
+        if self.worker_niceness <= 0 or not hasattr(os, "setpriority"):
+            return
+        try:  # on Linux PRIO_PROCESS with a thread id sets that thread's niceness alone
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.worker_niceness)
+        except OSError as e:
+            logger.warning("could not lower the render thread's priority: %s", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         while True:
             work = self._take_work()
             if work is None:
