@@ -119,7 +119,7 @@ class InputAudioBuffer:
         return pad
 
     def interrupt(self) -> int:
-        """Drop everything queued (barge-in); the next audio primes playout afresh. Returns samples dropped"""
+        """Drop everything queued (barge-in); the next audio primes playout afresh; returns samples dropped."""
         dropped = self._depth
         self._blocks.clear()
         self._depth = 0
