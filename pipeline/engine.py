@@ -16,6 +16,7 @@ runs between two batches.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -59,13 +60,14 @@ class _Command:
 
 @dataclass
 class EngineStats:
-    """Counters read by metrics; updated only by the worker thread."""
+    """Counters read by metrics; updated by the worker thread (and under the engine's lock)."""
 
     batches: int = 0
     frames: int = 0
     padded_frames: int = 0
     failed_batches: int = 0
     expired: int = 0  # requests dropped because their deadline passed while queued
+    cancelled: int = 0  # requests cancelled before rendering (their session ended)
     busy_s: float = 0.0
     batch_size_counts: dict[int, int] = field(default_factory=dict)
     last_batch_ms: float = 0.0
@@ -88,7 +90,10 @@ class RenderEngine:
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         *,
         clock: Callable[[], float] = time.monotonic,
+        worker_niceness: int = 0,
     ) -> None:
+        """``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
+        device rendering is best effort (a late frame is repeated) while the media clock must never stall."""
         sizes = tuple(sorted(set(batch_sizes)))
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes!r}")
@@ -103,6 +108,7 @@ class RenderEngine:
         self._stopping = False
         self._avatars: dict[str, Avatar] = {}
         self.warmup_s: float | None = None
+        self.worker_niceness = worker_niceness
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -207,6 +213,7 @@ class RenderEngine:
             kept = deque(p for p in self._queue if p.session_id != session_id)
             dropped = [p for p in self._queue if p.session_id == session_id]
             self._queue = kept
+            self.stats.cancelled += len(dropped)
         for pending in dropped:
             pending.future.cancel()
         return len(dropped)
@@ -236,6 +243,7 @@ class RenderEngine:
             while self._queue and len(batch) < limit:
                 pending = self._queue.popleft()
                 if not pending.future.set_running_or_notify_cancel():
+                    self.stats.cancelled += 1
                     continue
                 late = pending.deadline_s is not None and pending.deadline_s <= now
                 (expired if late else batch).append(pending)
@@ -256,7 +264,16 @@ class RenderEngine:
             else:
                 command.future.set_result(None)
 
+    def _lower_priority(self) -> None:
+        if self.worker_niceness <= 0 or not hasattr(os, "setpriority"):
+            return
+        try:  # on Linux PRIO_PROCESS with a thread id sets that thread's niceness alone
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.worker_niceness)
+        except OSError as e:
+            logger.warning("could not lower the render thread's priority: %s", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         while True:
             work = self._take_work()
             if work is None:

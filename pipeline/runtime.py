@@ -89,6 +89,16 @@ def measured_render_budget_ms(
     return min(MAX_MEASURED_RENDER_BUDGET_MS, max(MIN_RENDER_BUDGET_MS, budget))
 
 
+# On a CPU the render thread shares the cores with the media clock, encoders and network: it runs at a lower
+# priority so that a busy machine delays renders (repeated frames) rather than the media (stalls, gaps).
+CPU_RENDER_NICENESS = 10
+
+
+def render_niceness(device: torch.device) -> int:
+    """The render engine thread's niceness: lowered on a CPU, left alone on a GPU (where it only launches)."""
+    return CPU_RENDER_NICENESS if device.type == "cpu" else 0
+
+
 def configure_threads(backend: str, device: torch.device, requested: int | None = None) -> int:
     """Set torch's CPU thread count: the built-in backend's renders are tiny (a thread each is fastest, and
     the cores stay free for video encoding); Wav2Lip on a CPU needs every core. Returns the count."""

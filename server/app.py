@@ -20,6 +20,7 @@ from pipeline.runtime import (
     default_render_budget_ms,
     device_report,
     measured_render_budget_ms,
+    render_niceness,
     resolve_device,
 )
 from server import avatar_routes, routes
@@ -81,7 +82,12 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         wav2lip_alignment=settings.wav2lip_alignment,
     )
     avatars = load_avatars(settings)
-    engine = RenderEngine(backend, settings.batch_sizes, clock=clock.now if clock else time.monotonic)
+    engine = RenderEngine(
+        backend,
+        settings.batch_sizes,
+        clock=clock.now if clock else time.monotonic,
+        worker_niceness=render_niceness(device),
+    )
     registry = AvatarRegistry(engine)
     for avatar in avatars.values():
         registry.add(avatar)
