@@ -32,6 +32,7 @@ from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+WARMUP_TIMED_RENDERS = 5  # after the first render of a size (which captures, tunes, compiles)
 
 
 class EngineStoppedError(RuntimeError):
@@ -164,8 +165,10 @@ class RenderEngine:
     def has_avatar(self, name: str) -> bool:
         return name in self._avatars
 
-    def warmup(self) -> dict[int, float]:
-        """Render one batch of every size once (autotuning, graph capture). Returns ms per size."""
+    def warmup(self, repeats: int = WARMUP_TIMED_RENDERS) -> dict[int, float]:
+        """Render one batch of every size once (autotuning, graph capture, compilation), then ``repeats``
+        more times. Returns ms per size: the median of the repeats (the steady render time), or with
+        ``repeats`` 0 the time of the first render."""
         if not self._avatars:
             raise RuntimeError("add an avatar before warming up the engine")
         avatar = next(iter(self._avatars.values()))
@@ -174,9 +177,12 @@ class RenderEngine:
         start = self._clock()
         for size in self.batch_sizes:
             items = [RenderItem(avatar.name, i % avatar.frame_count, conditioning) for i in range(size)]
-            t0 = self._clock()
-            self.backend.render(items)
-            timings[size] = (self._clock() - t0) * 1000.0
+            times_ms = []
+            for _ in range(1 + repeats):
+                t0 = time.perf_counter()
+                self.backend.render(items)
+                times_ms.append((time.perf_counter() - t0) * 1000.0)
+            timings[size] = float(np.median(times_ms[1:] or times_ms))
         self.warmup_s = self._clock() - start
         logger.info("engine warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
         return timings

@@ -81,7 +81,7 @@ async def test_pushed_audio_comes_back_at_real_time_with_the_mouth(aiohttp_clien
     assert len(bursts) == 2
     lag, _ = analysis.align(sent, received)
     lags = analysis.burst_lags(sent, received, bursts, lag)
-    fraction, checked, reordered = analysis.returned_by_burst(sent, received, bursts, [x for x, _ in lags])
+    fraction, checked, reordered, _ = analysis.returned_by_burst(sent, received, bursts, [x for x, _ in lags])
     print(f"push: returned {fraction:.3f} of {checked} blocks, lags {lags}")
     assert checked > 50 and fraction >= 0.99 and reordered == 0, (fraction, checked, reordered)
 
