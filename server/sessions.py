@@ -79,6 +79,7 @@ class Session(PeerEndpoint):
             connect_timeout_s=manager.settings.connect_timeout_s,
         )
         self.ingest: AudioIngest | None = None
+        stream.on_failure = self._stage_failed
         pc.on("track", self.on_track)
 
     def counters(self) -> dict[str, int]:
@@ -98,10 +99,16 @@ class Session(PeerEndpoint):
         }
 
     def on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio" or self.ingest is not None:
+        if track.kind != "audio" or self.ingest is not None or self.closing:
             return
-        self.ingest = AudioIngest(track, self.buffer, self.detector, session_id=self.id)
+        self.ingest = AudioIngest(
+            track, self.buffer, self.detector, session_id=self.id, on_failure=self._stage_failed
+        )
         self.ingest.start()
+
+    def _stage_failed(self, error: Exception) -> None:
+        """A stage of this call failed (it logged why): the call ends, as when the connection drops."""
+        self.schedule_close(f"media failed ({type(error).__name__})")
 
     def on_connected(self) -> None:
         self.stream.start()
@@ -118,10 +125,26 @@ class Session(PeerEndpoint):
         self.send_meta(meta)
 
     async def release(self) -> None:
+        """Stop everything this session started; a step that fails is logged and the others still run."""
+        for what, step in (
+            ("viewers", self._close_viewers),
+            ("outgoing media", self._stop_media),
+            ("inbound audio", self._stop_ingest),
+        ):
+            try:
+                await step()
+            except Exception:
+                self.log.exception("stopping the %s failed", what)
+
+    async def _close_viewers(self) -> None:
         await self.viewers.close("session closed")
+
+    async def _stop_media(self) -> None:
         self.video.stop()
         self.audio.stop()
         await self.stream.stop()
+
+    async def _stop_ingest(self) -> None:
         if self.ingest is not None:
             await self.ingest.stop()
 
@@ -251,7 +274,7 @@ class SessionManager:
         self.created_total += 1
         session.arm_timers(self.settings.connect_timeout_s, self.settings.max_session_s)
         local = pc.localDescription
-        logger.info("[%s] created (avatar %s)", session.id, avatar.name)
+        session.log.info("created (avatar %s)", avatar.name)
         return Answer(session.id, local.sdp, local.type, avatar)
 
     def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:

@@ -135,13 +135,14 @@ class SessionViewers:
         self.viewers[viewer.id] = viewer
         self.total += 1
         viewer.arm_connect_timeout(self.connect_timeout_s)
-        logger.info("[%s] viewer created (%d watching)", viewer.tag, len(self.viewers))
+        viewer.log.info("viewer created (%d watching)", len(self.viewers))
         return ViewerAnswer(viewer.id, pc.localDescription.sdp)
 
     async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str) -> None:
         pc = viewer.pc
         if self.fanout is None:
             self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps)
+            self.fanout.on_failure = self._fanout_failed
         fanout = self.fanout
         subscription = fanout.subscribe(viewer.send_meta)
         viewer.subscription = subscription
@@ -166,6 +167,11 @@ class SessionViewers:
         if self._closed:  # the session ended while this viewer was negotiating (its encoder is stopped)
             raise NotFoundError(f"session {self.session_id!r} has ended")
         fanout.start()
+
+    def _fanout_failed(self, error: Exception) -> None:
+        """The shared encoders failed (they logged why) and ended their tracks: the viewers' calls end."""
+        for viewer in list(self.viewers.values()):
+            viewer.schedule_close(f"viewer encoder failed ({type(error).__name__})")
 
     async def forget(self, viewer: Viewer) -> None:
         self.viewers.pop(viewer.id, None)
