@@ -302,9 +302,7 @@ class SessionManager:
         )
         return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
 
-    async def _negotiate(
-        self, session: Session, offer: RTCSessionDescription, summary: OfferSummary
-    ) -> None:
+    async def _negotiate(self, session: Session, offer: RTCSessionDescription, summary: OfferSummary) -> None:
         pc = session.pc
         try:
             await pc.setRemoteDescription(offer)
