@@ -12,6 +12,7 @@ engine, and :meth:`close` frees the shared memory. Other links are untouched.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -121,7 +122,7 @@ class EngineBridge:
             return
         self._sessions.add(session_id)
         future = self.engine.submit(self._engine_id(session_id), item, deadline_s)
-        future.add_done_callback(lambda f, slot=slot: self._finished(slot, f))
+        future.add_done_callback(functools.partial(self._finished, slot))
 
     def _finished(self, slot: int, future: Future[RenderedPatch]) -> None:
         if self._closed.is_set():

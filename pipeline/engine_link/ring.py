@@ -110,8 +110,10 @@ class Ring:
         self.name = self.shm.name
         self._owner = create
         buf = self.shm.buf
+        if buf is None:
+            raise RingError(f"shared memory block {self.name} is not mapped")
         self._requests_end = layout.slots * layout.request_bytes
-        self._buf = buf
+        self._buf: memoryview = buf
 
     def _request_at(self, slot: int) -> int:
         if not 0 <= slot < self.layout.slots:
