@@ -15,7 +15,7 @@ DEPLOY_TOOLS := $(VENV)/deploy-tools
 K8S_MANIFESTS := deploy/k8s/configmap.yaml deploy/k8s/turn-secret.example.yaml deploy/k8s/volumes.yaml \
 	deploy/k8s/deployment.yaml deploy/k8s/service.yaml
 
-.PHONY: run test lint lint-docker lint-k8s typecheck check clean
+.PHONY: run test test-deps test-stress lint lint-docker lint-k8s typecheck check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ test: $(STAMP)
 	$(BIN)/ruff check server streaming pipeline tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The Debian packages of the system tests (chromium, nginx, iproute2); as root. .ci/run does this too.
+test-deps:
+	bash .ci/install-test-packages
+
+# The suite while a CPU hog keeps one core busy, STRESS_RUNS times in a row (tests must not depend on speed).
+STRESS_RUNS ?= 3
+test-stress:
+	bash benchmarks/stress_test.sh $(STRESS_RUNS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check server streaming pipeline tests

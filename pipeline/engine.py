@@ -58,13 +58,14 @@ class _Command:
 
 @dataclass
 class EngineStats:
-    """Counters read by metrics; updated only by the worker thread."""
+    """Counters read by metrics; updated by the worker thread (and under the engine's lock)."""
 
     batches: int = 0
     frames: int = 0
     padded_frames: int = 0
     failed_batches: int = 0
     expired: int = 0  # requests dropped because their deadline passed while queued
+    cancelled: int = 0  # requests cancelled before rendering (their session ended)
     busy_s: float = 0.0
     batch_size_counts: dict[int, int] = field(default_factory=dict)
     last_batch_ms: float = 0.0
@@ -201,6 +202,7 @@ class RenderEngine:
             kept = deque(p for p in self._queue if p.session_id != session_id)
             dropped = [p for p in self._queue if p.session_id == session_id]
             self._queue = kept
+            self.stats.cancelled += len(dropped)
         for pending in dropped:
             pending.future.cancel()
         return len(dropped)
@@ -230,6 +232,7 @@ class RenderEngine:
             while self._queue and len(batch) < limit:
                 pending = self._queue.popleft()
                 if not pending.future.set_running_or_notify_cancel():
+                    self.stats.cancelled += 1
                     continue
                 late = pending.deadline_s is not None and pending.deadline_s <= now
                 (expired if late else batch).append(pending)

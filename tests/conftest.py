@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+from tests.system import INSTALL_COMMAND, INSTALL_HINT
 
 
 @pytest.fixture
@@ -37,3 +40,25 @@ def netns() -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test's report gives (``Skipped: `` prefix removed)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say at the end what was skipped and why; for missing Debian packages, the one command that fixes it."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = Counter(skip_reason(r) for r in skipped)
+    terminalreporter.section("skipped tests, by reason")
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"{count:4d}  {reason}")
+    if any(INSTALL_HINT in reason for reason in reasons):
+        terminalreporter.write_line(
+            f"To run them: `sudo {INSTALL_COMMAND}` (Debian's chromium, nginx, iproute2), then `make test`."
+        )

@@ -8,13 +8,15 @@ import sys
 
 import pytest
 
+# Skip reasons that name a missing Debian package end with this: the test summary then says how to get it.
+INSTALL_HINT = "(make test-deps installs it)"
+INSTALL_COMMAND = "make test-deps"  # as root: .ci/install-test-packages (chromium, nginx, iproute2)
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"
-)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=f"chromium is not installed {INSTALL_HINT}")
 needs_netns = pytest.mark.skipif(
     shutil.which("ip") is None or os.geteuid() != 0,
-    reason="needs root and iproute2 for a loopback-only network namespace",
+    reason=f"needs root and iproute2 for a loopback-only network namespace {INSTALL_HINT}",
 )
 
 

@@ -125,6 +125,54 @@ def returned_fraction(
     return (found / checked if checked else 0.0), checked
 
 
+def burst_lags(
+    sent: npt.NDArray[np.int16],
+    received: npt.NDArray[np.int16],
+    bursts: list[Burst],
+    around: int,
+    *,
+    search: int = RATE_HZ // 2,
+) -> list[tuple[int, float]]:
+    """Each burst's own lag (received index - sent index) and correlation, looked for within ``search``
+    samples of ``around`` (the whole call's lag).
+
+    The server's jitter buffer may remove silence (to bring latency back down) or play silence while it is
+    dry, so the lag may step between bursts; within a burst it may not (speech is never cut or stretched).
+    """
+    out = []
+    for burst in bursts:
+        lo = max(0, burst.start + around - search)
+        hi = min(len(received), burst.end + around + search)
+        if hi - lo < burst.end - burst.start:
+            out.append((around, 0.0))
+            continue
+        local, correlation = align(sent[burst.start : burst.end], received[lo:hi])
+        out.append((lo + local - burst.start, correlation))
+    return out
+
+
+def returned_by_burst(
+    sent: npt.NDArray[np.int16],
+    received: npt.NDArray[np.int16],
+    bursts: list[Burst],
+    lags: list[int],
+) -> tuple[float, int, int]:
+    """:func:`returned_fraction` of each burst at its own lag, over all bursts: (fraction, blocks checked,
+    bursts out of order). A burst is out of order when it comes back before the end of the one before it."""
+    found = checked = reordered = 0
+    previous_end: int | None = None
+    for burst, lag in zip(bursts, lags, strict=True):
+        only = np.zeros_like(sent)
+        only[burst.start : burst.end] = sent[burst.start : burst.end]
+        fraction, count = returned_fraction(only, received, lag)
+        found += round(fraction * count)
+        checked += count
+        if previous_end is not None and burst.start + lag < previous_end:
+            reordered += 1
+        previous_end = burst.end + lag
+    return (found / checked if checked else 0.0), checked, reordered
+
+
 def sent_time(recording: CallRecording, sample: int) -> float | None:
     """When the client handed sample ``sample`` of its audio to the network (monotonic seconds)."""
     packet = sample // PACKET_SAMPLES

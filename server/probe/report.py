@@ -53,6 +53,8 @@ class CallReport:
     audio_lag_ms: float  # received-stream offset of the sent audio
     audio_correlation: float
     audio_returned: float  # share of sent audio blocks (with sound) found in the returned audio
+    audio_bursts_reordered: int  # bursts that came back before the end of the burst sent before them
+    audio_burst_lags_ms: list[float]  # each burst's own offset in the received stream
     audio_gaps: int
     audio_delay_ms: list[float] = field(default_factory=list)  # input -> output, per received chunk
     frame_latency_ms: list[float] = field(default_factory=list)  # per frame: its audio sent -> it arrived
@@ -101,13 +103,14 @@ def analyse(recording: CallRecording) -> CallReport:
     sent = recording.sent
     received = recording.audio.samples()
     lag, correlation = analysis.align(sent, received)
-    returned, _ = analysis.returned_fraction(sent, received, lag)
+    bursts = analysis.detect_bursts(sent)
+    burst_lags = [burst_lag for burst_lag, _ in analysis.burst_lags(sent, received, bursts, lag)]
+    returned, _, reordered = analysis.returned_by_burst(sent, received, bursts, burst_lags)
     arrivals = np.asarray(recording.video.arrived_at)
     gaps = analysis.frame_gaps_ms(recording.video.arrived_at)
     audio_gaps = np.diff(np.asarray(recording.audio.arrived_at)) * 1000.0
     meta = {int(m["frame"]): m for _, m in recording.meta}
     numbers = frame_numbers(recording)
-    bursts = analysis.detect_bursts(sent)
 
     # Per frame: when its audio left the client (metadata) -> when it arrived.
     frame_latency = []
@@ -128,14 +131,14 @@ def analyse(recording: CallRecording) -> CallReport:
     latencies = analysis.onset_latencies_ms(recording, bursts, motion, threshold)
 
     results = []
-    for burst, latency in zip(bursts, latencies, strict=True):
+    for burst, latency, burst_lag in zip(bursts, latencies, burst_lags, strict=True):
         onset_frame = av_offset = None
         if latency is not None:
             t_on = analysis.sent_time(recording, burst.start)
             assert t_on is not None
             index = int(np.argmin(np.abs(arrivals - (t_on + latency / 1000.0))))
             onset_frame = int(numbers[index]) if numbers[index] >= 0 else None
-            audio_at = analysis.received_time(recording, burst.start + lag)
+            audio_at = analysis.received_time(recording, burst.start + burst_lag)
             if audio_at is not None:
                 av_offset = (arrivals[index] - audio_at) * 1000.0
         results.append(
@@ -161,6 +164,8 @@ def analyse(recording: CallRecording) -> CallReport:
         audio_lag_ms=round(lag * 1000.0 / RATE_HZ, 2),
         audio_correlation=round(correlation, 4),
         audio_returned=round(returned, 4),
+        audio_bursts_reordered=reordered,
+        audio_burst_lags_ms=[round(v * 1000.0 / RATE_HZ, 2) for v in burst_lags],
         audio_gaps=int((audio_gaps > AUDIO_GAP_MS).sum()),
         audio_delay_ms=[float(v) for v in analysis.audio_delays_ms(recording, lag)],
         frame_latency_ms=frame_latency,

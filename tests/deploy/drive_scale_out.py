@@ -2,12 +2,13 @@
 them with the shipped ``deploy/nginx/lipcast.conf``, and ``lipcast probe`` calling through nginx. Prints what
 it saw as JSON; every process it started is ended before it exits.
 
-    ip netns exec NS .venv/bin/python -m tests.deploy.drive_scale_out --workdir DIR --sessions 4
+    ip netns exec NS .venv/bin/python -m tests.deploy.drive_scale_out --workdir DIR --sessions 2
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +21,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from aiortc import RTCConfiguration, RTCPeerConnection
 
 ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = ROOT / "deploy" / "nginx" / "lipcast.conf"
@@ -81,6 +85,35 @@ def write_nginx_config(work: Path) -> Path:
     return main
 
 
+def wait_full(deadline: float, probe: subprocess.Popen[str]) -> bool:
+    """Wait until every instance's /readyz says it has no capacity left (the probe's calls are placed)."""
+    while time.monotonic() < deadline and probe.poll() is None:
+        ready = [get_json(f"http://127.0.0.1:{port}/healthz") for port in INSTANCE_PORTS]
+        if all(r is not None and r["sessions"] >= r["max_sessions"] for r in ready):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+async def offer_when_full() -> dict[str, Any]:
+    """POST a real offer through nginx; returns its status, Retry-After and error message."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("audio", direction="sendrecv")
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        body = {"sdp": pc.localDescription.sdp, "type": "offer"}
+        async with aiohttp.ClientSession() as http, http.post(f"{FRONT_URL}/offer", json=body) as response:
+            answer = await response.json(content_type=None)
+            return {
+                "status": response.status,
+                "retry_after": response.headers.get("Retry-After"),
+                "error": answer.get("error"),
+            }
+    finally:
+        await pc.close()
+
+
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
     if proc.poll() is not None:
         return
@@ -140,7 +173,7 @@ def run(work: Path, sessions: int, duration_s: float, max_sessions: tuple[int, .
         before = {port: get_json(f"http://127.0.0.1:{port}/healthz") for port in INSTANCE_PORTS}
 
         probe_json = work / "probe.json"
-        probe = subprocess.run(
+        probe = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -157,15 +190,19 @@ def run(work: Path, sessions: int, duration_s: float, max_sessions: tuple[int, .
                 str(probe_json),
             ],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
+        # While every slot is taken, one more offer: each instance refuses it and nginx tries the next.
+        full = wait_full(time.monotonic() + 60, probe) and asyncio.run(offer_when_full())
+        probe_out, probe_err = probe.communicate(timeout=120)
         after = {port: get_json(f"http://127.0.0.1:{port}/healthz") for port in INSTANCE_PORTS}
         return {
+            "full_offer": full or None,
             "probe_rc": probe.returncode,
-            "probe_stdout": probe.stdout,
-            "probe_stderr": probe.stderr[-3000:],
+            "probe_stdout": probe_out,
+            "probe_stderr": probe_err[-3000:],
             "probe": json.loads(probe_json.read_text()) if probe_json.exists() else None,
             "instances": {
                 str(port): {

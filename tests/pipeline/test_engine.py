@@ -37,6 +37,14 @@ def item(frame: int, value: int = 0) -> RenderItem:
     return RenderItem("tiny", frame, np.array([value], np.float32))
 
 
+def until_taken(engine: RenderEngine, timeout_s: float = 10.0) -> None:
+    """Wait until the worker has taken everything queued (however slowly a busy machine schedules it)."""
+    deadline = time.monotonic() + timeout_s
+    while engine.queue_depth:
+        assert time.monotonic() < deadline, "the worker never took its work"
+        time.sleep(0.005)
+
+
 def make_engine(backend, sizes=(1, 2, 4, 8)) -> RenderEngine:
     engine = RenderEngine(backend, sizes)
     engine.add_avatar(tiny_avatar())
@@ -54,12 +62,17 @@ def test_each_session_gets_its_own_frames_in_order_under_mixed_load() -> None:
     try:
         futures: dict[int, list[Future[RenderedPatch]]] = {s: [] for s in range(5)}
         rng = np.random.default_rng(0)
+        # The first half piles up behind a shut gate (so batches certainly mix sessions, however the machine
+        # schedules the threads); the second half arrives while the worker renders.
+        backend.gate.clear()
         for step in range(200):
+            if step == 100:
+                backend.gate.set()
             session = int(rng.integers(0, 5))
             futures[session].append(engine.submit(f"s{session}", item(len(futures[session]), session)))
             if step % 17 == 0:
                 time.sleep(0.003)
-        wait([f for fs in futures.values() for f in fs], timeout=10)
+        wait([f for fs in futures.values() for f in fs], timeout=30)
         for session, fs in futures.items():
             got = [f.result().pixels[0, 0].tolist() for f in fs]
             assert got == [[i, session, 0] for i in range(len(fs))]
@@ -78,7 +91,7 @@ def test_requests_past_their_deadline_are_dropped_not_rendered() -> None:
     engine = make_engine(backend, sizes=(1,))
     try:
         first = engine.submit("s", item(0))  # occupies the worker while the gate is shut
-        time.sleep(0.05)
+        until_taken(engine)
         late = engine.submit("s", item(1), deadline_s=time.monotonic() + 0.01)
         on_time = engine.submit("s", item(2), deadline_s=time.monotonic() + 10)
         time.sleep(0.05)
@@ -111,7 +124,7 @@ def test_cancel_session_and_stop_release_every_request() -> None:
     backend.gate.clear()
     engine = make_engine(backend, sizes=(1,))
     busy = engine.submit("a", item(0))
-    time.sleep(0.05)
+    until_taken(engine)
     queued_a = [engine.submit("a", item(i)) for i in range(1, 4)]
     queued_b = engine.submit("b", item(9))
     assert engine.cancel_session("a") == 3

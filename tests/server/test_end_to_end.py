@@ -33,29 +33,41 @@ async def test_call_returns_lip_synced_avatar_and_the_callers_voice(aiohttp_clie
     recording = await call(str(client.make_url("")).rstrip("/"), sent, tail_s=1.0, http=client.session)
     runtime = client.app[RUNTIME]
 
-    # Video: at least 24 frames/s over at least 5 s.
+    # Video: paced by the media clock over at least 5 s, in order. The band is wide enough for a busy machine
+    # (a stalled event loop skips frames rather than queueing them) and still catches a pacing error: half
+    # or double the rate, or frames that wait for something.
     arrived = np.asarray(recording.video.arrived_at)
     assert arrived[-1] - arrived[0] >= 5.0
     fps = analysis.received_fps(recording.video.arrived_at)
-    assert fps >= 24.0, fps
+    print(f"end to end: fps {fps:.2f}")
+    assert 20.0 <= fps <= 26.0, fps
+    assert np.all(np.diff(recording.video.pts) > 0), "frames out of order"
 
-    # Audio: every sent burst comes back, at one consistent delay.
+    # Audio: every sent burst comes back whole and in order. Between bursts the lag may step (the jitter
+    # buffer plays silence while dry and trims silence when it holds too much, as on a busy machine); within
+    # a burst it may not.
     received = recording.audio.samples()
-    lag, peak = analysis.align(sent, received)
-    assert peak > 0.8, peak
-    fraction, checked = analysis.returned_fraction(sent, received, lag)
-    assert checked > 50 and fraction >= 0.99, (fraction, checked)
-    # The lag is the server's fixed delay (jitter buffer + lookahead + render budget) plus libopus's
-    # 312-sample (6.5 ms) algorithmic delay once per direction. The metadata says which input sample
-    # each tick carried, so the server's part is known exactly.
-    first_meta = next(m for _, m in recording.meta if m["audio_ms"] is not None)
-    server_lag = first_meta["frame"] * 1920 - round(first_meta["audio_ms"] * 48)
-    assert abs(lag - (server_lag + 2 * OPUS_DELAY_SAMPLES)) <= 48, (lag, server_lag)
+    bursts = analysis.detect_bursts(sent)
+    assert len(bursts) == 3
+    lag, _ = analysis.align(sent, received)
+    lags = analysis.burst_lags(sent, received, bursts, lag)
+    assert all(peak > 0.8 for _, peak in lags), lags
+    fraction, checked, reordered = analysis.returned_by_burst(sent, received, bursts, [g for g, _ in lags])
+    assert checked > 50 and fraction >= 0.99 and reordered == 0, (fraction, checked, reordered)
+    # Each burst's lag is the server's delay for the tick that carried its first sample (jitter buffer +
+    # lookahead + render budget, exactly: the metadata says which input sample each tick carried) plus
+    # libopus's 312-sample (6.5 ms) algorithmic delay once per direction.
+    carried = sorted(
+        (round(m["audio_ms"] * 48), m["frame"]) for _, m in recording.meta if m["audio_ms"] is not None
+    )
+    for burst, (burst_lag, _) in zip(bursts, lags, strict=True):
+        input_pos, frame = max((c for c in carried if c[0] <= burst.start), default=(None, None))
+        assert input_pos is not None and burst.start - input_pos < 1920, (burst, input_pos)
+        server_lag = frame * 1920 - input_pos
+        assert abs(burst_lag - (server_lag + 2 * OPUS_DELAY_SAMPLES)) <= 48, (burst_lag, server_lag)
 
     # Mouth: moves during speech, still during silence.
     motion = analysis.mouth_motion(recording)
-    bursts = analysis.detect_bursts(sent)
-    assert len(bursts) == 3
     meta = {m["frame"]: m for _, m in recording.meta}
     first_frame = recording.meta[0][1]["frame"]
     speech_motion, silence_motion = [], []

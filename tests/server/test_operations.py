@@ -12,6 +12,7 @@ from server.config import Settings
 from server.probe.client import call
 from server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("loopback_ice")
 
@@ -40,10 +41,7 @@ async def test_metrics_follow_a_call(aiohttp_client) -> None:
     assert metric(before, "lipcast_ready") == 1
     sent = to_int16(speech_pattern([("silence", 0.5), ("speech", 1.0), ("silence", 0.5)]))
     await call(str(client.make_url("")).rstrip("/"), sent, tail_s=0.3, http=client.session)
-    for _ in range(50):
-        if not client.app[RUNTIME].sessions.sessions:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: not client.app[RUNTIME].sessions.sessions, "closed")
     text = await (await client.get("/metrics")).text()
     assert metric(text, "lipcast_sessions_created_total") == 1
     assert metric(text, "lipcast_sessions_active") == 0
@@ -111,8 +109,7 @@ async def test_session_time_limit(aiohttp_client) -> None:
     client = await aiohttp_client(create_app(Settings(max_session_s=0.3)))
     pc, body = await offer_body()
     assert (await client.post("/offer", json=body)).status == 200
-    await asyncio.sleep(0.8)
-    assert client.app[RUNTIME].sessions.sessions == {}
+    await eventually(lambda: not client.app[RUNTIME].sessions.sessions, "closed at the time limit")
     await pc.close()
 
 

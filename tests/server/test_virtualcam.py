@@ -42,7 +42,7 @@ class NoRenderer:
 
 async def until(condition: Callable[[], bool], what: str) -> None:
     """Camera frames arrive from an executor thread: wait (boundedly) for the thread, not for media time."""
-    for _ in range(200):
+    for _ in range(2000):  # up to 10 s: a busy machine may be slow to schedule the thread
         if condition():
             return
         await asyncio.sleep(0.005)
@@ -80,9 +80,10 @@ async def test_feeds_the_newest_stream_and_idles_between_sessions() -> None:
         await clock.advance(1.0 / IDLE_FPS)
         await until(lambda: feed.following == "s1", "following the session")
         count = len(camera.frames)
-        for _ in range(5):
+        for tick in range(5):
             await clock.advance(0.04)
-            await asyncio.sleep(0.02)  # let the executor's send land before the next tick
+            # Let the executor's send land before the next tick (the first tick may not yet carry a frame).
+            await until(lambda tick=tick: len(camera.frames) >= count + tick, "the session's next frame")
         await until(lambda: len(camera.frames) >= count + 4, "the session's frames")
         frame = camera.frames[-1]
         assert frame.shape == (48, 64, 3)
