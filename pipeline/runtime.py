@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,12 @@ logger = logging.getLogger(__name__)
 CUDA_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CPU_BATCH_SIZES = (1, 2, 4, 8)
 RENDER_BUDGET_MS = 40.0  # one frame: the built-in backend, and Wav2Lip on a GPU, render in a few ms
+# On CUDA the budget comes from the warm-up timings instead (measured_render_budget_ms): a frame may find
+# the batch before it still running and then needs its own, so twice the bucket's time, plus the hand-offs
+# between the event loop and the engine thread (GIL, wake-ups) that the warm-up cannot see.
+RENDER_BUDGET_MARGIN_MS = 10.0
+MIN_RENDER_BUDGET_MS = 10.0
+MAX_MEASURED_RENDER_BUDGET_MS = 400.0
 # Wav2Lip on a CPU takes ~45 ms a frame alone and ~30 ms a frame in batches of 8: it keeps up with 25 fps
 # only when frames can wait to be batched.
 CPU_WAV2LIP_RENDER_BUDGET_MS = 400.0
@@ -63,6 +69,34 @@ def default_render_budget_ms(backend: str, device: torch.device) -> float:
     if backend == "wav2lip" and device.type != "cuda":
         return CPU_WAV2LIP_RENDER_BUDGET_MS
     return RENDER_BUDGET_MS
+
+
+def measured_render_budget_ms(
+    timings_ms: Mapping[int, float], max_sessions: int, batch_sizes: Sequence[int]
+) -> float:
+    """The render budget on CUDA from the warm-up's per-bucket render times (ms).
+
+    At most ``max_sessions`` frames are due per tick, so the batch that holds them is the bucket for
+    ``max_sessions`` (the largest when none holds them all); a frame waits for at most one such batch in
+    flight, then renders in the next: ``2 x t(bucket) + RENDER_BUDGET_MARGIN_MS``, kept between
+    :data:`MIN_RENDER_BUDGET_MS` and :data:`MAX_MEASURED_RENDER_BUDGET_MS`.
+    """
+    sizes = sorted(size for size in batch_sizes if size in timings_ms)
+    if not sizes:
+        raise ValueError("no warm-up timing for any batch size")
+    bucket = next((size for size in sizes if size >= max_sessions), sizes[-1])
+    budget = 2.0 * timings_ms[bucket] + RENDER_BUDGET_MARGIN_MS
+    return min(MAX_MEASURED_RENDER_BUDGET_MS, max(MIN_RENDER_BUDGET_MS, budget))
+
+
+# On a CPU the render thread shares the cores with the media clock, encoders and network: it runs at a lower
+# priority so that a busy machine delays renders (repeated frames) rather than the media (stalls, gaps).
+CPU_RENDER_NICENESS = 10
+
+
+def render_niceness(device: torch.device) -> int:
+    """The render engine thread's niceness: lowered on a CPU, left alone on a GPU (where it only launches)."""
+    return CPU_RENDER_NICENESS if device.type == "cpu" else 0
 
 
 def configure_threads(backend: str, device: torch.device, requested: int | None = None) -> int:

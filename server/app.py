@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
-from pipeline.engine import RenderEngine
+from pipeline.engine import WARMUP_TIMED_RENDERS, RenderEngine
 from pipeline.registry import AvatarRegistry
 from pipeline.runtime import (
     configure_threads,
@@ -19,6 +19,8 @@ from pipeline.runtime import (
     default_batch_sizes,
     default_render_budget_ms,
     device_report,
+    measured_render_budget_ms,
+    render_niceness,
     resolve_device,
 )
 from server import avatar_routes, routes
@@ -67,6 +69,7 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
     report = device_report(device)
     logger.info("device: %s", report)
     # Settings left to "auto" are decided here, once the device is known; the runtime keeps the result.
+    measure_budget = settings.render_budget_ms is None and device.type == "cuda"
     settings = settings.with_overrides(
         batch_sizes=settings.batch_sizes or default_batch_sizes(device),
         render_budget_ms=settings.render_budget_ms or default_render_budget_ms(settings.backend, device),
@@ -81,11 +84,24 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         wav2lip_alignment=settings.wav2lip_alignment,
     )
     avatars = load_avatars(settings)
-    engine = RenderEngine(backend, settings.batch_sizes, clock=clock.now if clock else time.monotonic)
+    engine = RenderEngine(
+        backend,
+        settings.batch_sizes,
+        clock=clock.now if clock else time.monotonic,
+        worker_niceness=render_niceness(device),
+    )
     registry = AvatarRegistry(engine)
     for avatar in avatars.values():
         registry.add(avatar)
-    engine.warmup()
+    timings_ms = engine.warmup(repeats=WARMUP_TIMED_RENDERS if measure_budget else 0)
+    if measure_budget:
+        budget_ms = measured_render_budget_ms(timings_ms, settings.max_sessions, settings.batch_sizes)
+        logger.info(
+            "render budget %.1f ms from warm-up timings (%d sessions at most; --render-budget-ms sets it)",
+            budget_ms,
+            settings.max_sessions,
+        )
+        settings = settings.with_overrides(render_budget_ms=budget_ms)
     report = device_report(device)  # the backend may have switched cudnn.benchmark on
     sessions = SessionManager(settings, backend, engine, registry, clock)
     return Runtime(settings, backend, engine, registry, sessions, report)

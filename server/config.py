@@ -56,8 +56,9 @@ class Settings:
     fps: int = 25
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
-    jitter_buffer_ms: float = 60.0
-    render_budget_ms: float | None = None  # None: 40 ms, or 400 ms for wav2lip on a CPU
+    jitter_buffer_ms: float | None = None  # None: adaptive (from one frame up, with observed jitter)
+    render_budget_ms: float | None = None  # None: from the warm-up timings on CUDA; 40 ms (400 ms for
+    # wav2lip) on a CPU
     vad_aggressiveness: int = 2
     torch_threads: int | None = None  # None: 1 for the built-in backend, every core for wav2lip on a CPU
     batch_sizes: tuple[int, ...] = ()  # empty: 1..128 on CUDA, 1..8 on a CPU
@@ -101,8 +102,10 @@ class Settings:
             problems.append("fps must be 25 (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
             problems.append("vad_aggressiveness must be 0..3")
-        if self.jitter_buffer_ms < 0 or (self.render_budget_ms is not None and self.render_budget_ms <= 0):
-            problems.append("jitter_buffer_ms must be >= 0 and render_budget_ms > 0")
+        if (self.jitter_buffer_ms is not None and self.jitter_buffer_ms <= 0) or (
+            self.render_budget_ms is not None and self.render_budget_ms <= 0
+        ):
+            problems.append("jitter_buffer_ms and render_budget_ms must be > 0")
         if self.lookahead_ms is not None and self.lookahead_ms < 0:
             problems.append("lookahead_ms must be >= 0")
         if self.wav2lip_alignment not in ("inference", "training"):
@@ -192,12 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jitter-buffer-ms",
         type=float,
-        help="inbound audio buffered before playout (env LIPCAST_JITTER_BUFFER_MS)",
+        help="a fixed depth of inbound audio buffered before playout; without it the buffer adapts to the"
+        " observed network jitter, from one frame (40 ms) up (env LIPCAST_JITTER_BUFFER_MS)",
     )
     p.add_argument(
         "--render-budget-ms",
         type=float,
-        help="time a frame may take to render before it is replaced (env LIPCAST_RENDER_BUDGET_MS)",
+        help="time a frame may take to render before it is replaced; without it: derived from the engine's"
+        " measured warm-up time on CUDA, 40 ms (400 ms for wav2lip) on a CPU (env LIPCAST_RENDER_BUDGET_MS)",
     )
     p.add_argument(
         "--vad-aggressiveness",

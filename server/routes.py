@@ -102,9 +102,15 @@ async def session_stats(request: web.Request) -> web.Response:
             "stream": vars(stream.stats),
             "video": vars(session.video.stats),
             "audio_sent_ticks": session.audio.sent,
-            "buffer": {**vars(buffer.stats), "depth_ms": buffer.depth_ms},
+            "buffer": {
+                **vars(buffer.stats),
+                "depth_ms": buffer.depth_ms,
+                "target_ms": buffer.target_ms,
+                "adaptive": buffer.jitter is not None,
+                "jitter_p95_ms": buffer.jitter.percentile_ms if buffer.jitter is not None else None,
+            },
             "delay_ms": {
-                "jitter_buffer": runtime.settings.jitter_buffer_ms,
+                "jitter_buffer": buffer.target_ms,
                 "lookahead": stream.delay_ms,
                 "render_budget": runtime.settings.render_budget_ms,
             },

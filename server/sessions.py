@@ -25,7 +25,7 @@ from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
 from server.peer import PeerEndpoint
 from server.viewers import SessionViewers
-from streaming.audio_buffer import InputAudioBuffer
+from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
 from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
 from streaming.clock import Clock, MonotonicClock
 from streaming.inbound import INBOUND_RATE_HZ, AudioIngest
@@ -257,7 +257,9 @@ class SessionManager:
     def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:
         settings = self.settings
         session_id = secrets.token_urlsafe(9)
-        buffer = InputAudioBuffer(INBOUND_RATE_HZ, target_ms=settings.jitter_buffer_ms)
+        buffer = make_input_buffer(
+            INBOUND_RATE_HZ, settings.jitter_buffer_ms, frame_ms=1000.0 / settings.fps, clock=self.clock.now
+        )
         detector = SpeechDetector(INBOUND_RATE_HZ, settings.vad_aggressiveness)
         stream = AvatarStream(
             session_id,

@@ -2,7 +2,11 @@
 
 Policy (audio is never reordered; speech is never dropped while the buffer is within its bound):
 
-* The media clock pulls one frame of audio per tick. Playout starts once ``target_ms`` is buffered and
+* The target depth is fixed (``target_ms``) or adaptive (``jitter`` given): then it starts at
+  ``target_ms`` (the least that playout needs, one tick of audio) and follows the observed inter-arrival
+  jitter (:class:`streaming.jitter.JitterEstimator`: a high percentile of the blocks' relative delay, grown
+  at once, shrunk slowly and only in silence), between ``target_ms`` and ``max_target_ms``.
+* The media clock pulls one frame of audio per tick. Playout starts once the target is buffered and
   restarts the same way after running dry; a dry tick gets silence (an *underrun*) and the late audio is
   played afterwards, in order.
 * Network bursts or a client clock running fast leave the buffer deeper than its target. The excess is
@@ -15,11 +19,15 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from streaming.jitter import JitterEstimator
 
 logger = logging.getLogger(__name__)
 
@@ -62,19 +70,43 @@ class InputAudioBuffer:
         target_ms: float = 80.0,
         trim_hysteresis_ms: float = 40.0,
         max_ms: float = 1000.0,
+        jitter: JitterEstimator | None = None,
+        max_target_ms: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 0 < target_ms < max_ms:
-            raise ValueError("need 0 < target_ms < max_ms")
+        """``jitter`` None: a fixed ``target_ms``; else adaptive from ``target_ms`` up to ``max_target_ms``.
+        ``clock`` (seconds) timestamps arrivals for the jitter estimate."""
+        if not 0 < target_ms < max_ms or (jitter is not None and not target_ms <= max_target_ms < max_ms):
+            raise ValueError("need 0 < target_ms <= max_target_ms < max_ms")
         self.sample_rate_hz = sample_rate_hz
-        self.target_samples = round(target_ms * sample_rate_hz / 1000)
-        self.trim_above_samples = self.target_samples + round(trim_hysteresis_ms * sample_rate_hz / 1000)
+        self.jitter = jitter
+        self._base_target_samples = round(target_ms * sample_rate_hz / 1000)
+        self._max_target_samples = round(max_target_ms * sample_rate_hz / 1000)
+        self._hysteresis_samples = round(trim_hysteresis_ms * sample_rate_hz / 1000)
         self.max_samples = round(max_ms * sample_rate_hz / 1000)
+        self._clock = clock
         self.stats = BufferStats()
         self._blocks: deque[_Block] = deque()
         self._depth = 0
         self._primed = False
         self._ever_primed = False
         self._next_input_pos = 0
+
+    @property
+    def target_samples(self) -> int:
+        """The depth playout starts at (and trimming returns to)."""
+        if self.jitter is None:
+            return self._base_target_samples
+        extra = round(self.jitter.jitter_ms * self.sample_rate_hz / 1000)
+        return min(self._max_target_samples, self._base_target_samples + extra)
+
+    @property
+    def target_ms(self) -> float:
+        return self.target_samples * 1000.0 / self.sample_rate_hz
+
+    @property
+    def trim_above_samples(self) -> int:
+        return self.target_samples + self._hysteresis_samples
 
     @property
     def depth_samples(self) -> int:
@@ -88,6 +120,9 @@ class InputAudioBuffer:
         """Append a block of the client's audio (in arrival order)."""
         if len(samples) == 0:
             return
+        if self.jitter is not None:
+            position_s = self._next_input_pos / self.sample_rate_hz
+            self.jitter.observe(self._clock(), position_s, speech=speech)
         self._blocks.append(_Block(samples, speech, self._next_input_pos))
         self._next_input_pos += len(samples)
         self._depth += len(samples)
@@ -109,10 +144,13 @@ class InputAudioBuffer:
         if self._depth < count:
             self._primed = False
             self.stats.underruns += 1
+            if self.jitter is not None:
+                self.jitter.underrun()
             return Pulled(np.zeros(count, np.int16), False, None, underrun=True)
         pulled = self._take(count)
-        excess = self._depth - self.target_samples
-        if self._depth > self.trim_above_samples:
+        target = self.target_samples
+        excess = self._depth - target
+        if excess > self._hysteresis_samples:
             self.stats.trimmed_samples += self._discard_oldest(excess, silence_only=True)
         return pulled
 
@@ -149,3 +187,26 @@ class InputAudioBuffer:
             dropped += len(block.samples)
         self._depth -= dropped
         return dropped
+
+
+ADAPTIVE_MAX_TARGET_MS = 300.0
+
+
+def make_input_buffer(
+    sample_rate_hz: int,
+    fixed_target_ms: float | None,
+    *,
+    frame_ms: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> InputAudioBuffer:
+    """A session's buffer: ``fixed_target_ms`` when given, else adaptive from one frame of audio (the
+    least that playout of a tick needs) up to :data:`ADAPTIVE_MAX_TARGET_MS`."""
+    if fixed_target_ms is not None:
+        return InputAudioBuffer(sample_rate_hz, target_ms=fixed_target_ms, clock=clock)
+    return InputAudioBuffer(
+        sample_rate_hz,
+        target_ms=frame_ms,
+        jitter=JitterEstimator(),
+        max_target_ms=ADAPTIVE_MAX_TARGET_MS,
+        clock=clock,
+    )

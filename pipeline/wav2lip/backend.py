@@ -55,6 +55,7 @@ from pipeline.wav2lip.paste import (
     first_blended_row,
     paste_faces,
 )
+from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +111,13 @@ class Wav2LipBackend:
         feather_px: float = DEFAULT_FEATHER_PX,
         mask_top_fraction: float = DEFAULT_MASK_TOP_FRACTION,
         cuda_graphs: bool = True,
+        check_fp16_range: bool = True,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
 
-        ``dtype`` None means float16 on CUDA and float32 elsewhere.
+        ``dtype`` None means float16 on CUDA and float32 elsewhere. With ``check_fp16_range`` every avatar
+        added while the dtype is float16 is first run through the model in fp32 with activation hooks
+        (:mod:`.range_check`); if any layer comes near the float16 limit the backend switches to fp32.
         """
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
@@ -125,6 +129,8 @@ class Wav2LipBackend:
         self._lookahead_samples = Wav2LipFeaturizer(fps, window_offset_frames).lookahead_samples
         self.memory_format = torch.channels_last if self._cuda else torch.contiguous_format
         self._use_graphs = self._cuda and cuda_graphs
+        self.check_fp16_range = check_fp16_range
+        self.range_reports: dict[str, RangeReport] = {}  # per avatar, from its fp16 check
         if self._cuda:
             torch.backends.cudnn.benchmark = True
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
@@ -169,6 +175,11 @@ class Wav2LipBackend:
         if avatar.name in self._avatars:
             self._remove_avatar(avatar.name)
         inputs, boxes = prepare_face_inputs(avatar, self.face_pads)
+        if self.dtype == torch.float16 and self.check_fp16_range:
+            report = check_avatar_fp16(self.model, avatar.name, inputs)
+            self.range_reports[avatar.name] = report
+            if not report.fits_fp16:
+                self._use_fp32()
         heights, widths = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
         first_rows = np.array(
             [first_blended_row(int(h), self.mask_top_fraction) for h in heights], dtype=np.int32
@@ -200,6 +211,15 @@ class Wav2LipBackend:
         self._sync()
         self._avatars[avatar.name] = _AvatarEntry(offset, avatar.frame_count, boxes, first_rows)
         logger.info("wav2lip avatar %r: %d frames encoded", avatar.name, avatar.frame_count)
+
+    def _use_fp32(self) -> None:
+        """Switch the model and the cached tables to float32 (graphs are recaptured by the caller)."""
+        self.dtype = torch.float32
+        with self._on_stream():
+            self.model = self.model.float()
+            self._feats = [t.float() for t in self._feats]
+        self._sync()
+        self._buckets.clear()
 
     def _encode_faces(self, inputs: npt.NDArray[np.float32]) -> list[torch.Tensor]:
         chunks: list[list[torch.Tensor]] = [[] for _ in range(N_FACE_FEATURES)]

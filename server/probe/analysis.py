@@ -83,22 +83,25 @@ def align(sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16]) -> tuple
     return lag, float(np.sum(seg_a * seg_b) / denom)
 
 
-def returned_fraction(
+def found_blocks(
     sent: npt.NDArray[np.int16],
     received: npt.NDArray[np.int16],
     lag: int,
     *,
+    follow: bool = False,
     block: int = PACKET_SAMPLES,
     search: int = 4 * PACKET_SAMPLES,
     min_rms: float = 300.0,
     min_correlation: float = 0.95,
-) -> tuple[float, int]:
-    """Share of the sent audio (blocks with sound) found again in the received audio near ``lag``.
+) -> list[tuple[int, int | None]]:
+    """For every sent block with sound: (its start, its lag in the received audio, or None if not found).
 
     Blocks are compared by their magnitude spectra up to 10 kHz (Opus keeps the spectrum, not the waveform:
     two codec hops leave a waveform correlation of only ~0.85, while the spectra of the same block correlate
     above 0.99 and those of other speech below 0.9). Each block is looked for in 2 ms steps within ``search``
-    samples of its expected place, so a late but complete block still counts. Returns (fraction, checked).
+    samples of its expected place, so a late but complete block still counts. With ``follow`` the expected
+    place moves with each block found: a jitter buffer that ran dry plays silence and then the late audio,
+    so the lag may step by a packet or two anywhere in the stream, also inside a burst.
     """
     window = np.hanning(block)
     bins = block * 10_000 // RATE_HZ
@@ -107,22 +110,35 @@ def returned_fraction(
         return np.abs(np.fft.rfft(x.astype(np.float64) * window))[:bins]
 
     step = RATE_HZ // 500
-    found = checked = 0
+    out: list[tuple[int, int | None]] = []
     for start in range(0, len(sent) - block + 1, block):
         ref = sent[start : start + block].astype(np.float64)
         if np.sqrt(np.mean(ref * ref)) < min_rms:
             continue
-        checked += 1
         target = spectrum(sent[start : start + block])
+        hit: int | None = None
         for shift in sorted(range(-search, search + 1, step), key=abs):
             at = start + lag + shift
             if at < 0 or at + block > len(received):
                 continue
             candidate = spectrum(received[at : at + block])
             if np.corrcoef(target, candidate)[0, 1] >= min_correlation:
-                found += 1
+                hit = lag + shift
                 break
-    return (found / checked if checked else 0.0), checked
+        if hit is not None and follow:
+            lag = hit
+        out.append((start, hit))
+    return out
+
+
+def returned_fraction(
+    sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16], lag: int
+) -> tuple[float, int]:
+    """Share of the sent audio (blocks with sound) found again near ``lag`` (:func:`found_blocks`), and how
+    many blocks were checked."""
+    blocks = found_blocks(sent, received, lag)
+    found = sum(1 for _, hit in blocks if hit is not None)
+    return (found / len(blocks) if blocks else 0.0), len(blocks)
 
 
 def burst_lags(
@@ -137,7 +153,7 @@ def burst_lags(
     samples of ``around`` (the whole call's lag).
 
     The server's jitter buffer may remove silence (to bring latency back down) or play silence while it is
-    dry, so the lag may step between bursts; within a burst it may not (speech is never cut or stretched).
+    dry, so the lag may differ from burst to burst (and step by a packet or two inside one after a dry tick).
     """
     out = []
     for burst in bursts:
@@ -156,21 +172,26 @@ def returned_by_burst(
     received: npt.NDArray[np.int16],
     bursts: list[Burst],
     lags: list[int],
-) -> tuple[float, int, int]:
-    """:func:`returned_fraction` of each burst at its own lag, over all bursts: (fraction, blocks checked,
-    bursts out of order). A burst is out of order when it comes back before the end of the one before it."""
+) -> tuple[float, int, int, list[int | None]]:
+    """The sent blocks with sound found again, each burst followed from its own lag (:func:`found_blocks`
+    with ``follow``): (fraction found, blocks checked, blocks out of order, each burst's lag at its first
+    block found). A block is out of order when it comes back before the end of the one found before it."""
     found = checked = reordered = 0
     previous_end: int | None = None
+    first_lags: list[int | None] = []
     for burst, lag in zip(bursts, lags, strict=True):
         only = np.zeros_like(sent)
         only[burst.start : burst.end] = sent[burst.start : burst.end]
-        fraction, count = returned_fraction(only, received, lag)
-        found += round(fraction * count)
-        checked += count
-        if previous_end is not None and burst.start + lag < previous_end:
-            reordered += 1
-        previous_end = burst.end + lag
-    return (found / checked if checked else 0.0), checked, reordered
+        blocks = found_blocks(only, received, lag, follow=True)
+        checked += len(blocks)
+        hits = [(start, hit) for start, hit in blocks if hit is not None]
+        found += len(hits)
+        first_lags.append(hits[0][1] if hits else None)
+        for start, hit in hits:
+            if previous_end is not None and start + hit < previous_end:
+                reordered += 1
+            previous_end = start + hit + PACKET_SAMPLES
+    return (found / checked if checked else 0.0), checked, reordered, first_lags
 
 
 def sent_time(recording: CallRecording, sample: int) -> float | None:

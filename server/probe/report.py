@@ -53,7 +53,7 @@ class CallReport:
     audio_lag_ms: float  # received-stream offset of the sent audio
     audio_correlation: float
     audio_returned: float  # share of sent audio blocks (with sound) found in the returned audio
-    audio_bursts_reordered: int  # bursts that came back before the end of the burst sent before them
+    audio_bursts_reordered: int  # audio blocks that came back before the end of the one sent before
     audio_burst_lags_ms: list[float]  # each burst's own offset in the received stream
     audio_gaps: int
     audio_delay_ms: list[float] = field(default_factory=list)  # input -> output, per received chunk
@@ -105,7 +105,7 @@ def analyse(recording: CallRecording) -> CallReport:
     lag, correlation = analysis.align(sent, received)
     bursts = analysis.detect_bursts(sent)
     burst_lags = [burst_lag for burst_lag, _ in analysis.burst_lags(sent, received, bursts, lag)]
-    returned, _, reordered = analysis.returned_by_burst(sent, received, bursts, burst_lags)
+    returned, _, reordered, _ = analysis.returned_by_burst(sent, received, bursts, burst_lags)
     arrivals = np.asarray(recording.video.arrived_at)
     gaps = analysis.frame_gaps_ms(recording.video.arrived_at)
     audio_gaps = np.diff(np.asarray(recording.audio.arrived_at)) * 1000.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -134,3 +135,24 @@ def test_cancel_session_and_stop_release_every_request() -> None:
     queued_b.result(5)
     engine.stop()
     assert engine.submit("b", item(1)).exception(1).__class__ is EngineStoppedError
+
+
+def test_the_worker_thread_can_run_at_a_lower_priority() -> None:
+    """On a CPU the renders yield to the media clock: the worker thread alone gets the niceness."""
+    seen: list[int] = []
+
+    class PriorityBackend(FakeBackend):
+        def render(self, items):  # type: ignore[override]
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return super().render(items)
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    engine = RenderEngine(PriorityBackend(), (1,), worker_niceness=5)
+    engine.add_avatar(tiny_avatar())
+    engine.start()
+    try:
+        engine.submit("s", item(0)).result(5)
+    finally:
+        engine.stop()
+    assert seen == [5]  # an absolute niceness
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

@@ -43,26 +43,25 @@ async def test_call_returns_lip_synced_avatar_and_the_callers_voice(aiohttp_clie
     assert 20.0 <= fps <= 26.0, fps
     assert np.all(np.diff(recording.video.pts) > 0), "frames out of order"
 
-    # Audio: every sent burst comes back whole and in order. Between bursts the lag may step (the jitter
-    # buffer plays silence while dry and trims silence when it holds too much, as on a busy machine); within
-    # a burst it may not.
+    # Audio: every sent burst comes back whole and in order. The lag may step (the jitter buffer plays silence
+    # while dry, as on a busy machine, and trims silence when it holds too much); the audio itself is never
+    # cut, stretched or reordered.
     received = recording.audio.samples()
     bursts = analysis.detect_bursts(sent)
     assert len(bursts) == 3
     lag, _ = analysis.align(sent, received)
-    lags = analysis.burst_lags(sent, received, bursts, lag)
-    assert all(peak > 0.8 for _, peak in lags), lags
-    fraction, checked, reordered = analysis.returned_by_burst(sent, received, bursts, [g for g, _ in lags])
+    lags = [g for g, _ in analysis.burst_lags(sent, received, bursts, lag)]
+    fraction, checked, reordered, first_lags = analysis.returned_by_burst(sent, received, bursts, lags)
     assert checked > 50 and fraction >= 0.99 and reordered == 0, (fraction, checked, reordered)
-    # Each burst's lag is the server's delay for the tick that carried its first sample (jitter buffer +
-    # lookahead + render budget, exactly: the metadata says which input sample each tick carried) plus
-    # libopus's 312-sample (6.5 ms) algorithmic delay once per direction.
+    # Where each burst begins, the lag is the server's delay for the tick that carried its first sample
+    # (jitter buffer + lookahead + render budget, exactly: the metadata says which input sample each tick
+    # carried) plus libopus's 312-sample (6.5 ms) algorithmic delay once per direction.
     carried = sorted(
         (round(m["audio_ms"] * 48), m["frame"]) for _, m in recording.meta if m["audio_ms"] is not None
     )
-    for burst, (burst_lag, _) in zip(bursts, lags, strict=True):
+    for burst, burst_lag in zip(bursts, first_lags, strict=True):
         input_pos, frame = max((c for c in carried if c[0] <= burst.start), default=(None, None))
-        assert input_pos is not None and burst.start - input_pos < 1920, (burst, input_pos)
+        assert burst_lag is not None and input_pos is not None and burst.start - input_pos < 1920
         server_lag = frame * 1920 - input_pos
         assert abs(burst_lag - (server_lag + 2 * OPUS_DELAY_SAMPLES)) <= 48, (burst_lag, server_lag)
 

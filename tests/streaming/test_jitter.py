@@ -1,0 +1,149 @@
+"""The adaptive jitter buffer: the estimator alone, then the buffer that follows it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
+from streaming.jitter import JitterEstimator
+
+RATE = 48_000
+BLOCK = 960  # 20 ms
+TICK = 1920  # 40 ms
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_steady_arrivals_need_no_extra_buffering() -> None:
+    est = JitterEstimator()
+    for i in range(100):
+        est.observe(5.0 + i * 0.02, i * 0.02, speech=True)  # a constant 5 s offset cancels out
+    assert est.percentile_ms == pytest.approx(0.0, abs=1e-6)
+    assert est.jitter_ms == pytest.approx(0.0, abs=1e-6)
+
+
+def test_target_is_a_high_percentile_of_relative_delay() -> None:
+    est = JitterEstimator(window=100, quantile=0.95)
+    rng = np.random.default_rng(1)
+    late_ms = rng.uniform(0, 30, 100)
+    for i, late in enumerate(late_ms):
+        est.observe(i * 0.02 + late / 1000, i * 0.02, speech=True)
+    expected = np.quantile(late_ms - late_ms.min(), 0.95)
+    assert est.percentile_ms == pytest.approx(expected, rel=1e-6)
+    assert 20 < est.jitter_ms < 30
+
+
+def test_grows_at_once_and_shrinks_slowly_only_in_silence() -> None:
+    est = JitterEstimator(window=50, quantile=0.95, shrink_ms_per_s=5.0)
+    t = 0.0
+    for i in range(50):
+        late = 0.08 if i % 10 == 5 else 0.0  # every tenth block 80 ms late
+        est.observe(i * 0.02 + late, i * 0.02, speech=True)
+    assert est.jitter_ms == pytest.approx(80.0, abs=1e-6)
+    # The network calms down; while the caller speaks the target holds.
+    for i in range(50, 200):
+        est.observe(i * 0.02, i * 0.02, speech=True)
+    assert est.percentile_ms == pytest.approx(0.0, abs=1e-6)
+    assert est.jitter_ms == pytest.approx(80.0, abs=1e-6)
+    # In silence it shrinks at 5 ms a second: 2 s of silence -> 10 ms less, not all of it.
+    for i in range(200, 301):
+        t = i * 0.02
+        est.observe(t, t, speech=False)
+    assert est.jitter_ms == pytest.approx(70.0, abs=0.2)
+
+
+def test_underrun_adds_an_allowance() -> None:
+    est = JitterEstimator(underrun_step_ms=20.0, max_jitter_ms=30.0)
+    est.underrun()
+    assert est.jitter_ms == 20.0
+    est.underrun()
+    assert est.jitter_ms == 30.0  # bounded
+
+
+def ramp(start: int, n: int = BLOCK) -> np.ndarray:
+    return (np.arange(start, start + n) % 30000).astype(np.int16)
+
+
+def test_adaptive_buffer_starts_at_one_frame_and_grows_with_jitter() -> None:
+    clock = Clock()
+    buf = make_input_buffer(RATE, None, frame_ms=40.0, clock=clock)
+    assert buf.jitter is not None and buf.target_ms == pytest.approx(40.0)
+    # Steady 20 ms arrivals: playout starts as soon as one tick's audio is there.
+    for i in range(2):
+        buf.push(ramp(i * BLOCK), speech=True)
+        clock.now_s += 0.02
+    assert buf.pull(TICK).input_pos == 0
+    # Now every tenth block comes 50 ms late: the 95th percentile covers them, the target grows that much.
+    pos = 2 * BLOCK
+    for i in range(2, 40):
+        late = 0.05 if i % 10 == 0 else 0.0
+        clock.now_s = 100.0 + i * 0.02 + late
+        buf.push(ramp(pos), speech=True)
+        pos += BLOCK
+    assert buf.target_ms == pytest.approx(90.0, abs=2.0)
+
+
+def test_fixed_target_when_given() -> None:
+    clock = Clock()
+    buf = make_input_buffer(RATE, 60.0, frame_ms=40.0, clock=clock)
+    assert buf.jitter is None
+    for i in range(30):
+        clock.now_s += 0.02 if i % 3 else 0.2  # wild arrivals change nothing
+        buf.push(ramp(i * BLOCK), speech=True)
+    assert buf.target_ms == pytest.approx(60.0)
+
+
+def test_adaptive_buffer_never_drops_or_reorders_speech() -> None:
+    clock = Clock()
+    buf = make_input_buffer(RATE, None, frame_ms=40.0, clock=clock)
+    rng = np.random.default_rng(7)
+    sent = 0
+    out: list[np.ndarray] = []
+    # 20 ms blocks with up to 60 ms of jitter (in order), pulled every 40 ms, all speech.
+    arrivals = np.sort(np.arange(300) * 0.02 + rng.uniform(0, 0.06, 300))
+    ticks = np.arange(0.0, 6.6, 0.04)
+    events = sorted([(t, 1, i) for i, t in enumerate(arrivals)] + [(t, 0, -1) for t in ticks])
+    for t, kind, _ in events:
+        clock.now_s = 100.0 + t
+        if kind == 1:
+            buf.push(ramp(sent), speech=True)
+            sent += BLOCK
+        else:
+            pulled = buf.pull(TICK)
+            if pulled.input_pos is not None:
+                out.append(pulled.samples)
+    played = np.concatenate(out)
+    np.testing.assert_array_equal(played, ramp(0, len(played)))  # a prefix of what was sent, in order
+    assert buf.stats.trimmed_samples == 0 and buf.stats.overflow_samples == 0
+    assert buf.target_ms > 40.0  # it grew
+
+
+def test_shrunk_target_is_reached_by_trimming_silence_only() -> None:
+    clock = Clock()
+    est = JitterEstimator(window=10, shrink_ms_per_s=1000.0)  # fast, for the test
+    buf = InputAudioBuffer(RATE, target_ms=40.0, trim_hysteresis_ms=20.0, jitter=est, clock=clock)
+    clock.now_s = 0.0
+    buf.push(ramp(0), speech=True)
+    clock.now_s = 0.12  # the second block 100 ms late
+    buf.push(ramp(BLOCK), speech=True)
+    assert buf.target_ms == pytest.approx(135.0)  # 40 + the 0.95 quantile of (0, 100 ms)
+    played: list[np.ndarray] = []
+    for i in range(2, 80):  # then steady arrivals: 8 blocks of speech, then silence; a pull every 40 ms
+        clock.now_s = 0.10 + i * 0.02
+        buf.push(ramp(i * BLOCK), speech=i < 10)
+        if i % 2:
+            pulled = buf.pull(TICK)
+            if pulled.input_pos is not None:
+                played.append(pulled.samples)
+    speech = np.concatenate(played)[: 10 * BLOCK]
+    np.testing.assert_array_equal(speech, ramp(0, 10 * BLOCK))  # all the speech, in order
+    assert buf.target_ms == pytest.approx(40.0)  # the spike left the window; silence let it shrink
+    assert buf.stats.trimmed_samples > 0  # the excess went, from the silence
+    assert buf.depth_samples <= buf.trim_above_samples
