@@ -150,7 +150,8 @@ class WorkerPool:
             link = EngineLinkSpec(self._layout, bridge.shm_name, worker_end)
         spec = WorkerSpec(
             index=index,
-            settings=self.settings.with_overrides(media_workers=1, virtualcam=False),
+            # The runtime's settings: what the front resolved at startup (batch sizes, measured budget).
+            settings=self.runtime.settings.with_overrides(media_workers=1, virtualcam=False),
             socket_path=socket_path,
             parent_pid=os.getpid(),
             render_in=self.render_in,
