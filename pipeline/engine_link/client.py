@@ -90,6 +90,7 @@ class SharedRenderer:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._lost = False
+        self._stopping = False
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -105,6 +106,7 @@ class SharedRenderer:
 
     def stop(self) -> None:
         """Close the link: pending frames fail; the engine side sees the pipe close and forgets them."""
+        self._stopping = True  # an ending asked for here: not a lost engine
         hang_up(self.conn)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
@@ -183,7 +185,7 @@ class SharedRenderer:
         finally:
             self._lost = True
             self._fail_all(EngineStoppedError("the render engine is gone"))
-            if self.on_lost is not None:
+            if self.on_lost is not None and not self._stopping:
                 self.on_lost()
 
     def _answer(self, kind: bytes, slot: int) -> None:
