@@ -12,12 +12,7 @@ import numpy.typing as npt
 import torch
 
 from pipeline.backend import RenderedPatch
-
-
-def smoothstep(edge0: float, edge1: float, x: torch.Tensor) -> torch.Tensor:
-    """Hermite step: 0 below ``edge0``, 1 above ``edge1``, ``3t^2 - 2t^3`` between."""
-    t = ((x - edge0) / (edge1 - edge0)).clamp(0.0, 1.0)
-    return t * t * (3.0 - 2.0 * t)
+from pipeline.easing import smoothstep
 
 
 def feathered_box_mask(

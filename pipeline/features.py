@@ -25,6 +25,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.easing import smoothstep
 from pipeline.windows import FrameGrid
 
 FloatArray = npt.NDArray[np.float32]
@@ -72,12 +73,6 @@ def rms_dbfs(samples: npt.NDArray[np.floating]) -> float:
     if mean_square <= 0.0:
         return SILENCE_DBFS
     return max(SILENCE_DBFS, 10.0 * math.log10(mean_square))
-
-
-def smoothstep(edge0: float, edge1: float, x: float) -> float:
-    """Hermite step from 0 at ``edge0`` to 1 at ``edge1`` (either order)."""
-    t = min(1.0, max(0.0, (x - edge0) / (edge1 - edge0)))
-    return t * t * (3.0 - 2.0 * t)
 
 
 def one_pole_coefficient(time_constant_ms: float, step_ms: float) -> float:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pipeline.compositing import smoothstep
+from pipeline.easing import smoothstep
 
 # Motion, relative to the mouth width (corner to corner) or half-width (centre to corner, "u" units).
 JAW_DROP_PER_WIDTH = 0.26  # jaw drop at open = 1
@@ -134,9 +134,9 @@ def mouth_fields(geometry: torch.Tensor, params: torch.Tensor, height: int, widt
     gap_px = jaw_px * lens  # opening height of each column
     broad = 1.0 - smoothstep(*JAW_PROFILE_U, u_src.abs())
     lower_lip_y = line_y + gap_px  # output y of the lower lip's upper edge
-    toward_chin = smoothstep_tensor(lower_lip_y, chin_y + jaw_px, ys)
+    toward_chin = smoothstep(lower_lip_y, chin_y + jaw_px, ys, min_width=1e-3)
     profile = lens + (broad - lens) * toward_chin
-    below_chin = 1.0 - smoothstep_tensor(chin_y + jaw_px, torch.full_like(chin_y, height - 1.0), ys)
+    below_chin = 1.0 - smoothstep(chin_y + jaw_px, torch.full_like(chin_y, height - 1.0), ys, min_width=1e-3)
     below_line = ys >= line_y
     dy = torch.where(below_line, jaw_px * profile * below_chin, torch.zeros_like(profile)) * taper
     source_y = ys - dy
@@ -156,12 +156,6 @@ def mouth_fields(geometry: torch.Tensor, params: torch.Tensor, height: int, widt
     gap_depth = (from_top_px / gap_px.clamp(min=1.0)).clamp(0.0, 1.0)
     gap_u = (u_src / opening_half_u).clamp(-1.0, 1.0)
     return MouthFields(source_x, source_y, gap_alpha, gap_depth, gap_u)
-
-
-def smoothstep_tensor(edge0: torch.Tensor, edge1: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """:func:`pipeline.compositing.smoothstep` with tensor edges (broadcast); requires ``edge1 > edge0``."""
-    t = ((x - edge0) / (edge1 - edge0).clamp(min=1e-3)).clamp(0.0, 1.0)
-    return t * t * (3.0 - 2.0 * t)
 
 
 @lru_cache(maxsize=8)

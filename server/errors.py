@@ -23,6 +23,9 @@ class ApiError(Exception):
     def headers(self) -> dict[str, str]:
         return {}
 
+    def body(self) -> dict[str, object]:
+        return {"error": self.message}
+
 
 class BadRequestError(ApiError):
     status = 400
@@ -74,23 +77,34 @@ class NotImplementedApiError(ApiError):
     status = 501
 
 
-class CapacityError(ApiError):
-    """No room for another session right now."""
+class ServiceUnavailableError(ApiError):
+    """Not now: warming up, draining, or full. A 503 with ``Retry-After``; ``details`` join the JSON body
+    (``/readyz`` puts its readiness report there). The one way this server answers 503."""
 
     status = 503
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int, details: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.details = details or {}
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
 
+    def body(self) -> dict[str, object]:
+        return {**super().body(), **self.details}
 
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+
+class CapacityError(ServiceUnavailableError):
+    """No room for another session (or viewer) right now."""
+
+
+def json_error(
+    status: int, message: str, headers: dict[str, str] | None = None, body: dict[str, object] | None = None
+) -> web.Response:
     return web.Response(
         status=status,
-        text=json.dumps({"error": message}),
+        text=json.dumps(body if body is not None else {"error": message}),
         content_type="application/json",
         headers=headers,
     )
@@ -102,7 +116,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as e:
-        return json_error(e.status, e.message, e.headers())
+        return json_error(e.status, e.message, e.headers(), e.body())
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -13,6 +13,7 @@ from aiortc import RTCPeerConnection
 from aiortc.rtcdatachannel import RTCDataChannel
 
 from streaming.avatar_stream import FrameMeta
+from streaming.tasks import session_log
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class PeerEndpoint:
     def __init__(self, pc: RTCPeerConnection, tag: str) -> None:
         self.pc = pc
         self.tag = tag
+        self.log = session_log(logger, tag)
         self.meta_channel: RTCDataChannel | None = None
         self.closed = asyncio.Event()
         self._meta_backlog: deque[str] = deque(maxlen=META_BACKLOG)
@@ -35,6 +37,11 @@ class PeerEndpoint:
         pc.on("datachannel", self.on_datachannel)
         pc.on("connectionstatechange", self.on_connection_state)
 
+    @property
+    def closing(self) -> bool:
+        """A close has begun (nothing new may be started)."""
+        return self._closing
+
     # -- events --------------------------------------------------------------------------------------------
 
     def on_datachannel(self, channel: RTCDataChannel) -> None:
@@ -43,7 +50,7 @@ class PeerEndpoint:
 
     def on_connection_state(self) -> None:
         state = self.pc.connectionState
-        logger.info("[%s] connection %s", self.tag, state)
+        self.log.info("connection %s", state)
         if state == "connected":
             self.cancel_timer("connect")
             self.on_connected()
@@ -86,17 +93,25 @@ class PeerEndpoint:
             self._close_task = asyncio.create_task(self.close(reason), name=f"close-{self.tag}")
 
     async def close(self, reason: str = "closed") -> None:
-        """Release everything, once; later calls wait for the first to finish."""
+        """Release everything, once; later calls wait for the first to finish.
+
+        The peer connection is closed even when releasing fails (that failure is logged here, once), and the
+        owner's books are left last, whatever happened before.
+        """
         if self._closing:
             await self.closed.wait()
             return
         self._closing = True
-        logger.info("[%s] closing: %s", self.tag, reason)
+        self.log.info("closing: %s", reason)
         for name in list(self._timers):
             self.cancel_timer(name)
         try:
-            await self.release()
-            await self.pc.close()
+            try:
+                await self.release()
+            except Exception:
+                self.log.exception("releasing failed; closing the connection anyway")
+            finally:
+                await self.pc.close()
         finally:
             await self.forget()
             self.closed.set()

@@ -13,11 +13,10 @@ from aiortc import RTCSessionDescription
 from pipeline.avatar import Avatar
 from server import cors, whip_whep
 from server.auth import require_bearer
-from server.errors import BadRequestError, NotFoundError
+from server.capacity import STARTING_RETRY_AFTER_S
+from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from server.metrics import metrics_handler
 from server.state import RUNTIME, SETTINGS, runtime_of
-
-MAX_SDP_CHARS = 64 * 1024
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
@@ -31,17 +30,14 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
 
 
 def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None]:
+    """The JSON shape of ``POST /offer``; the SDP itself is checked by :mod:`server.offer_checks`."""
     sdp, kind, avatar = body.get("sdp"), body.get("type"), body.get("avatar")
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequestError("'sdp' must be a non-empty string")
-    if len(sdp) > MAX_SDP_CHARS:
-        raise BadRequestError(f"'sdp' is longer than {MAX_SDP_CHARS} characters")
     if kind != "offer":
         raise BadRequestError("'type' must be \"offer\"")
     if avatar is not None and not isinstance(avatar, str):
         raise BadRequestError("'avatar' must be a string")
-    if not sdp.lstrip().startswith("v=0"):
-        raise BadRequestError("malformed SDP offer: it must start with v=0")
     return RTCSessionDescription(sdp=sdp, type="offer"), avatar
 
 
@@ -150,9 +146,9 @@ async def readyz(request: web.Request) -> web.Response:
     body = {"ready": ready, "reason": reason}
     if runtime is not None:
         body |= {"sessions": len(runtime.sessions.sessions), "max_sessions": runtime.settings.max_sessions}
-    if ready:
-        return web.json_response(body)
-    return web.json_response(body, status=503, headers={"Retry-After": "5"})
+    if not ready:
+        raise ServiceUnavailableError(reason, STARTING_RETRY_AFTER_S, details=body)
+    return web.json_response(body)
 
 
 async def client_config(request: web.Request) -> web.Response:

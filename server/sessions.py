@@ -21,22 +21,23 @@ from aiortc.mediastreams import MediaStreamTrack
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
 from pipeline.runtime import RENDER_BUDGET_MS
+from server.capacity import RETRY_AFTER_S, CapacityGate
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
+from server.offer_checks import check_call_offer, check_whip_offer, validate_offer
 from server.peer import PeerEndpoint
 from server.viewers import SessionViewers
 from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
 from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
 from streaming.clock import Clock, MonotonicClock
 from streaming.inbound import INBOUND_RATE_HZ, AudioIngest
-from streaming.offers import OfferError, summarize_offer
+from streaming.offers import OfferSummary
 from streaming.rtc import tune_receiver_latency
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from streaming.vad import SpeechDetector
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 10
 SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
 
 
@@ -79,6 +80,7 @@ class Session(PeerEndpoint):
             connect_timeout_s=manager.settings.connect_timeout_s,
         )
         self.ingest: AudioIngest | None = None
+        stream.on_failure = self._stage_failed
         pc.on("track", self.on_track)
 
     def counters(self) -> dict[str, int]:
@@ -98,10 +100,16 @@ class Session(PeerEndpoint):
         }
 
     def on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio" or self.ingest is not None:
+        if track.kind != "audio" or self.ingest is not None or self.closing:
             return
-        self.ingest = AudioIngest(track, self.buffer, self.detector, session_id=self.id)
+        self.ingest = AudioIngest(
+            track, self.buffer, self.detector, session_id=self.id, on_failure=self._stage_failed
+        )
         self.ingest.start()
+
+    def _stage_failed(self, error: Exception) -> None:
+        """A stage of this call failed (it logged why): the call ends, as when the connection drops."""
+        self.schedule_close(f"media failed ({type(error).__name__})")
 
     def on_connected(self) -> None:
         self.stream.start()
@@ -118,10 +126,26 @@ class Session(PeerEndpoint):
         self.send_meta(meta)
 
     async def release(self) -> None:
+        """Stop everything this session started; a step that fails is logged and the others still run."""
+        for what, step in (
+            ("viewers", self._close_viewers),
+            ("outgoing media", self._stop_media),
+            ("inbound audio", self._stop_ingest),
+        ):
+            try:
+                await step()
+            except Exception:
+                self.log.exception("stopping the %s failed", what)
+
+    async def _close_viewers(self) -> None:
         await self.viewers.close("session closed")
+
+    async def _stop_media(self) -> None:
         self.video.stop()
         self.audio.stop()
         await self.stream.stop()
+
+    async def _stop_ingest(self) -> None:
         if self.ingest is not None:
             await self.ingest.stop()
 
@@ -146,7 +170,11 @@ class SessionManager:
         self.avatars = avatars
         self.clock = clock or MonotonicClock()
         self.sessions: dict[str, Session] = {}
-        self._reserved = 0
+        self.gate = CapacityGate(
+            settings.max_sessions,
+            lambda: len(self.sessions),
+            lambda limit: f"all {limit} sessions are in use; try again later",
+        )
         self._closed_totals: Counter[str] = Counter()  # counters of sessions that have ended
         self.created_total = 0
         self.refused_total: Counter[str] = Counter()
@@ -154,7 +182,7 @@ class SessionManager:
         self.frame_observer: Callable[[FrameMeta, float], None] | None = None
 
     def __len__(self) -> int:
-        return len(self.sessions) + self._reserved
+        return len(self.gate)
 
     def get(self, session_id: str) -> Session:
         try:
@@ -224,34 +252,34 @@ class SessionManager:
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
+        summary = validate_offer(offer.sdp)
+        (check_whip_offer if signalling == "whip" else check_call_offer)(summary)
         if self.draining:
             self.refused_total["draining"] += 1
             raise CapacityError("the server is shutting down; try another instance", RETRY_AFTER_S)
         avatar = self.avatar(avatar_name)
-        if len(self) >= self.settings.max_sessions:
-            self.refused_total["capacity"] += 1
-            raise CapacityError(
-                f"all {self.settings.max_sessions} sessions are in use; try again later", RETRY_AFTER_S
-            )
-        self._reserved += 1  # hold the slot across the awaits below
-        session: Session | None = None
-        pc = RTCPeerConnection(self.rtc_configuration())
         try:
-            session = self._new_session(pc, avatar, signalling)
-            await self._negotiate(session, offer)
-        except BaseException:
-            if session is not None:
-                await session.close("negotiation failed")
-            else:
-                await pc.close()
+            self.gate.check()
+        except CapacityError:
+            self.refused_total["capacity"] += 1
             raise
-        finally:
-            self._reserved -= 1
-        self.sessions[session.id] = session
+        with self.gate.hold():  # the slot is held across the awaits below
+            session: Session | None = None
+            pc = RTCPeerConnection(self.rtc_configuration())
+            try:
+                session = self._new_session(pc, avatar, signalling)
+                await self._negotiate(session, offer, summary)
+            except BaseException:
+                if session is not None:
+                    await session.close("negotiation failed")
+                else:
+                    await pc.close()
+                raise
+            self.sessions[session.id] = session
         self.created_total += 1
         session.arm_timers(self.settings.connect_timeout_s, self.settings.max_session_s)
         local = pc.localDescription
-        logger.info("[%s] created (avatar %s)", session.id, avatar.name)
+        session.log.info("created (avatar %s)", avatar.name)
         return Answer(session.id, local.sdp, local.type, avatar)
 
     def _new_session(self, pc: RTCPeerConnection, avatar: Avatar, signalling: str) -> Session:
@@ -274,7 +302,9 @@ class SessionManager:
         )
         return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
 
-    async def _negotiate(self, session: Session, offer: RTCSessionDescription) -> None:
+    async def _negotiate(
+        self, session: Session, offer: RTCSessionDescription, summary: OfferSummary
+    ) -> None:
         pc = session.pc
         try:
             await pc.setRemoteDescription(offer)
@@ -282,13 +312,8 @@ class SessionManager:
             detail = str(e) or type(e).__name__
             raise BadRequestError(f"malformed SDP offer: {detail}") from e
         if session.signalling == "whip":
-            outgoing = self._whip_outgoing(session, offer)
+            outgoing = self._whip_outgoing(session, summary)
         else:
-            kinds = {t.kind for t in pc.getTransceivers()}
-            if "audio" not in kinds or "video" not in kinds:
-                raise BadRequestError(
-                    "the offer must send audio (the microphone) and receive video (the avatar)"
-                )
             outgoing = [session.audio, session.video]
         for transceiver in pc.getTransceivers():
             tune_receiver_latency(transceiver.receiver)
@@ -304,18 +329,12 @@ class SessionManager:
         await pc.setLocalDescription(answer)
 
     @staticmethod
-    def _whip_outgoing(session: Session, offer: RTCSessionDescription) -> list[MediaStreamTrack]:
-        """A WHIP client must send audio; it gets the avatar back only where its offer asks to receive.
+    def _whip_outgoing(session: Session, summary: OfferSummary) -> list[MediaStreamTrack]:
+        """A WHIP client gets the avatar back only where its offer asks to receive.
 
         A plain WHIP client (sendonly audio, no video section) gets no tracks: its session still runs its
         media clock once connected, for WHEP viewers to watch.
         """
-        try:
-            summary = summarize_offer(offer.sdp)
-        except OfferError as e:
-            raise BadRequestError(f"malformed SDP offer: {e}") from e
-        if not summary.sends("audio"):
-            raise BadRequestError("a WHIP offer must send audio (a=sendonly or a=sendrecv audio section)")
         outgoing: list[MediaStreamTrack] = []
         if summary.receives("audio"):
             outgoing.append(session.audio)

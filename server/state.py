@@ -13,7 +13,9 @@ from pipeline.backend import LipSyncBackend
 from pipeline.engine import RenderEngine
 from pipeline.engine_link.client import SharedRenderer
 from pipeline.registry import AvatarRegistry
+from server.capacity import STARTING_RETRY_AFTER_S
 from server.config import Settings
+from server.errors import ServiceUnavailableError
 from server.metrics import Metrics
 from server.sessions import SessionManager
 from streaming.clock import Clock
@@ -67,5 +69,5 @@ def runtime_of(request: web.Request) -> Runtime:
     """The runtime, or 503 while the server is starting or draining."""
     runtime = request.app.get(RUNTIME)
     if runtime is None or not runtime.ready:
-        raise web.HTTPServiceUnavailable(reason="not ready", headers={"Retry-After": "5"})
+        raise ServiceUnavailableError("not ready", STARTING_RETRY_AFTER_S)
     return runtime

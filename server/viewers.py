@@ -18,15 +18,16 @@ from typing import Any
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcconfiguration import RTCConfiguration
 
-from server.errors import BadRequestError, CapacityError, NotFoundError
+from server.capacity import CapacityGate
+from server.errors import BadRequestError, NotFoundError
+from server.offer_checks import check_viewer_offer, validate_offer
 from server.peer import PeerEndpoint
 from streaming.avatar_stream import AvatarStream, FrameMeta
 from streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
-from streaming.offers import OfferError, OfferSummary, summarize_offer
+from streaming.offers import OfferSummary
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 10
 # The shared encoders make VP8 and Opus; a viewer must accept them (RTX for VP8 retransmissions).
 VIEWER_CODECS = {"video": ("video/vp8", "video/rtx"), "audio": ("audio/opus",)}
 
@@ -35,21 +36,6 @@ VIEWER_CODECS = {"video": ("video/vp8", "video/rtx"), "audio": ("audio/opus",)}
 class ViewerAnswer:
     viewer_id: str
     sdp: str
-
-
-def check_viewer_offer(summary: OfferSummary) -> None:
-    """WHEP: audio and/or video, at most one of each, each receiving (recvonly or sendrecv)."""
-    media = [m for m in summary.media if m.kind in ("audio", "video")]
-    if not media:
-        raise BadRequestError("the offer has no audio or video section to receive the avatar on")
-    for kind in ("audio", "video"):
-        if len(summary.of_kind(kind)) > 1:
-            raise BadRequestError(f"the offer has more than one {kind} section; WHEP sends one stream")
-    for m in media:
-        if not m.offerer_receives:
-            raise BadRequestError(
-                f"the offer's {m.kind} section must be recvonly (or sendrecv), not {m.direction}"
-            )
 
 
 class Viewer(PeerEndpoint):
@@ -90,11 +76,15 @@ class SessionViewers:
         self.viewers: dict[str, Viewer] = {}
         self.fanout: EncodedFanout | None = None
         self.total = 0  # viewers ever admitted
-        self._reserved = 0
+        self.gate = CapacityGate(
+            max_viewers,
+            lambda: len(self.viewers),
+            lambda limit: f"session {session_id!r} has its {limit} viewers; try again later",
+        )
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self.viewers) + self._reserved
+        return len(self.gate)
 
     def get(self, viewer_id: str) -> Viewer:
         viewer = self.viewers.get(viewer_id)
@@ -112,36 +102,27 @@ class SessionViewers:
         """Answer a WHEP offer with a new viewer, or raise an :class:`ApiError` leaving nothing behind."""
         if self._closed:
             raise NotFoundError(f"session {self.session_id!r} has ended")
-        try:
-            summary = summarize_offer(offer_sdp)
-        except OfferError as e:
-            raise BadRequestError(f"malformed SDP offer: {e}") from e
+        summary = validate_offer(offer_sdp)
         check_viewer_offer(summary)
-        if len(self) >= self.max_viewers:
-            raise CapacityError(
-                f"session {self.session_id!r} has its {self.max_viewers} viewers; try again later",
-                RETRY_AFTER_S,
-            )
-        self._reserved += 1
-        pc = RTCPeerConnection(self.rtc_configuration())
-        viewer = Viewer(secrets.token_urlsafe(9), pc, self)
-        try:
-            await self._negotiate(viewer, summary, offer_sdp)
-        except BaseException:
-            await viewer.close("negotiation failed")
-            raise
-        finally:
-            self._reserved -= 1
-        self.viewers[viewer.id] = viewer
+        with self.gate.hold():  # the slot is held across the negotiation
+            pc = RTCPeerConnection(self.rtc_configuration())
+            viewer = Viewer(secrets.token_urlsafe(9), pc, self)
+            try:
+                await self._negotiate(viewer, summary, offer_sdp)
+            except BaseException:
+                await viewer.close("negotiation failed")
+                raise
+            self.viewers[viewer.id] = viewer
         self.total += 1
         viewer.arm_connect_timeout(self.connect_timeout_s)
-        logger.info("[%s] viewer created (%d watching)", viewer.tag, len(self.viewers))
+        viewer.log.info("viewer created (%d watching)", len(self.viewers))
         return ViewerAnswer(viewer.id, pc.localDescription.sdp)
 
     async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str) -> None:
         pc = viewer.pc
         if self.fanout is None:
             self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps)
+            self.fanout.on_failure = self._fanout_failed
         fanout = self.fanout
         subscription = fanout.subscribe(viewer.send_meta)
         viewer.subscription = subscription
@@ -166,6 +147,11 @@ class SessionViewers:
         if self._closed:  # the session ended while this viewer was negotiating (its encoder is stopped)
             raise NotFoundError(f"session {self.session_id!r} has ended")
         fanout.start()
+
+    def _fanout_failed(self, error: Exception) -> None:
+        """The shared encoders failed (they logged why) and ended their tracks: the viewers' calls end."""
+        for viewer in list(self.viewers.values()):
+            viewer.schedule_close(f"viewer encoder failed ({type(error).__name__})")
 
     async def forget(self, viewer: Viewer) -> None:
         self.viewers.pop(viewer.id, None)

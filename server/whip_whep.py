@@ -23,6 +23,8 @@ with the candidates in their offer (the server also learns peer-reflexive candid
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 from aiortc import RTCSessionDescription
 from multidict import CIMultiDict
@@ -31,33 +33,30 @@ from server import cors
 from server.auth import require_bearer
 from server.config import IceServer
 from server.errors import BadRequestError, NotFoundError, NotImplementedApiError, UnsupportedMediaTypeError
+from server.offer_checks import MAX_SDP_BYTES
+from server.peer import PeerEndpoint
 from server.sessions import Session
 from server.state import SETTINGS, runtime_of
 from server.viewers import Viewer
 
 SDP_TYPE = "application/sdp"
-MAX_SDP_BYTES = 64 * 1024
 PATCH_NOT_SUPPORTED = "no trickle ICE or ICE restarts here (PATCH); send a fully gathered offer"
 
 
 async def read_sdp_offer(request: web.Request) -> str:
-    """The body of a POST that must be an SDP offer: 415 for another media type, 400 for an empty one."""
+    """The body of a POST that must be an SDP offer: 415 for another media type, 400 for one too long."""
     if request.content_type.lower() != SDP_TYPE:
         raise UnsupportedMediaTypeError(
             f"the offer must be sent as Content-Type: {SDP_TYPE}, not {request.content_type!r}"
         )
     body = await request.read()
-    if len(body) > MAX_SDP_BYTES:
+    if len(body) > MAX_SDP_BYTES:  # before decoding; validate_offer checks the text's length too
         raise BadRequestError(f"the SDP offer is longer than {MAX_SDP_BYTES} bytes")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequestError("the SDP offer is not UTF-8 text") from e
-    if not text.strip():
-        raise BadRequestError("the SDP offer is empty")
-    if not text.lstrip().startswith("v=0"):
-        raise BadRequestError("malformed SDP offer: it must start with v=0")
-    return text
+    return text  # the SDP itself is checked by server.offer_checks
 
 
 def ice_server_links(servers: tuple[IceServer, ...]) -> list[str]:
@@ -103,25 +102,6 @@ def whip_session(request: web.Request) -> Session:
     return session
 
 
-async def whip_delete(request: web.Request) -> web.Response:
-    require_bearer(request)
-    session = whip_session(request)
-    await session.close("deleted by WHIP client")
-    return web.Response(status=200)
-
-
-async def whip_get(request: web.Request) -> web.Response:
-    require_bearer(request)
-    whip_session(request)
-    return web.Response(status=204)
-
-
-async def whip_patch(request: web.Request) -> web.Response:
-    require_bearer(request)
-    whip_session(request)
-    raise NotImplementedApiError(PATCH_NOT_SUPPORTED)
-
-
 # ---- WHEP ----
 
 
@@ -140,23 +120,32 @@ def whep_viewer(request: web.Request) -> Viewer:
     return session.viewers.get(request.match_info["viewer_id"])
 
 
-async def whep_delete(request: web.Request) -> web.Response:
-    require_bearer(request)
-    viewer = whep_viewer(request)
-    await viewer.close("deleted by WHEP client")
-    return web.Response(status=200)
+# ---- the resources a POST creates: the same three methods for a WHIP session and a WHEP viewer ----
 
 
-async def whep_get(request: web.Request) -> web.Response:
-    require_bearer(request)
-    whep_viewer(request)
-    return web.Response(status=204)
+def add_resource_methods(
+    resource: web.Resource, find: Callable[[web.Request], PeerEndpoint], client: str
+) -> None:
+    """GET (``204``), DELETE (close it, ``200``) and PATCH (``501``) on what ``find`` names (404 if none)."""
 
+    async def get(request: web.Request) -> web.Response:
+        require_bearer(request)
+        find(request)
+        return web.Response(status=204)
 
-async def whep_patch(request: web.Request) -> web.Response:
-    require_bearer(request)
-    whep_viewer(request)
-    raise NotImplementedApiError(PATCH_NOT_SUPPORTED)
+    async def delete(request: web.Request) -> web.Response:
+        require_bearer(request)
+        await find(request).close(f"deleted by {client} client")
+        return web.Response(status=200)
+
+    async def patch(request: web.Request) -> web.Response:
+        require_bearer(request)
+        find(request)
+        raise NotImplementedApiError(PATCH_NOT_SUPPORTED)
+
+    resource.add_route("GET", get)
+    resource.add_route("DELETE", delete)
+    resource.add_route("PATCH", patch)
 
 
 # ---- CORS ----
@@ -178,14 +167,10 @@ def setup(app: web.Application) -> None:
     whip.add_route("POST", whip_create)
     whip_resource = router.add_resource("/whip/{session_id}", name="whip-session")
     whip_resource.add_route("OPTIONS", preflight)
-    whip_resource.add_route("GET", whip_get)
-    whip_resource.add_route("DELETE", whip_delete)
-    whip_resource.add_route("PATCH", whip_patch)
+    add_resource_methods(whip_resource, whip_session, "WHIP")
     whep = router.add_resource("/whep/{session_id}", name="whep-endpoint")
     whep.add_route("OPTIONS", preflight)
     whep.add_route("POST", whep_create)
     whep_resource = router.add_resource("/whep/{session_id}/viewers/{viewer_id}", name="whep-viewer")
     whep_resource.add_route("OPTIONS", preflight)
-    whep_resource.add_route("GET", whep_get)
-    whep_resource.add_route("DELETE", whep_delete)
-    whep_resource.add_route("PATCH", whep_patch)
+    add_resource_methods(whep_resource, whep_viewer, "WHEP")

@@ -33,7 +33,7 @@ from streaming.audio_buffer import InputAudioBuffer
 from streaming.clock import Clock, FrameTimeline
 from streaming.delay import Delayed, DelayLine
 from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
-from streaming.tasks import cancel_and_wait
+from streaming.tasks import cancel_and_wait, session_log
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,9 @@ class AvatarStream:
         self._next_index = 0
         self._task: asyncio.Task[None] | None = None
         self.closed = False
+        self.error: Exception | None = None  # why the producer stopped on its own, if it did
+        self.on_failure: Callable[[Exception], None] | None = None  # told once, after the stream closed
+        self.log = session_log(logger, session_id)
         self._mix_step = 1.0 / max(1, crossfade_frames)
         self._mix = 0.0  # weight of rendered frames now: 0 idle, 1 speaking
         self._quiet_ticks = IDLE_AFTER_QUIET_FRAMES  # ticks since the last voice activity
@@ -153,11 +156,15 @@ class AvatarStream:
             self._task = asyncio.create_task(self._run(), name=f"avatar-stream-{self.session_id}")
             self.started.set()
 
-    async def stop(self) -> None:
+    async def _close(self) -> None:
+        """Mark the stream closed and wake every consumer: their ``get()`` returns None (end of stream)."""
         self.closed = True
         self.started.set()  # release tracks still waiting for a start that will not come
         async with self._produced:
             self._produced.notify_all()
+
+    async def stop(self) -> None:
+        await self._close()
         await cancel_and_wait(self._task)
         self._task = None
         self.renderer.cancel_session(self.session_id)
@@ -173,23 +180,30 @@ class AvatarStream:
         return None if self.closed else self._ticks.get(index)
 
     async def _run(self) -> None:
+        """Produce ticks until stopped. A failure ends the stream (consumers see its end) and is logged once
+        here; ``on_failure`` then lets the owner end the session."""
         assert self.timeline is not None
-        while True:
-            index = self._next_index
-            due_s = self.timeline.due(index)
-            await self.clock.sleep_until(due_s)
-            if self.clock.now() > due_s + self.timeline.frame_s:
-                self.stats.producer_late_ticks += 1
-            try:
+        index = self._next_index
+        try:
+            while True:
+                index = self._next_index
+                due_s = self.timeline.due(index)
+                await self.clock.sleep_until(due_s)
+                if self.clock.now() > due_s + self.timeline.frame_s:
+                    self.stats.producer_late_ticks += 1
                 tick = self.produce(index)
-            except Exception:
-                logger.exception("[%s] producing tick %d failed", self.session_id, index)
-                raise
-            async with self._produced:
-                self._ticks[index] = tick
-                self._ticks.pop(index - self.capacity, None)
-                self._next_index = index + 1
-                self._produced.notify_all()
+                async with self._produced:
+                    self._ticks[index] = tick
+                    self._ticks.pop(index - self.capacity, None)
+                    self._next_index = index + 1
+                    self._produced.notify_all()
+        except Exception as e:
+            self.error = e
+            self.log.exception("producing tick %d failed; the stream ends", index)
+        finally:
+            await self._close()
+        if self.error is not None and self.on_failure is not None:
+            self.on_failure(self.error)
 
     def produce(self, index: int) -> Tick:
         """Build tick ``index`` from the next frame of inbound audio (synchronous, cheap)."""

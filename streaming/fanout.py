@@ -44,6 +44,7 @@ from av import AudioFrame, VideoFrame
 from av.packet import Packet
 
 from streaming.avatar_stream import AvatarStream, FrameMeta
+from streaming.tasks import cancel_and_wait, session_log
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 
 logger = logging.getLogger(__name__)
@@ -245,6 +246,9 @@ class EncodedFanout:
         self._monotonic = monotonic
         self._tasks: list[asyncio.Task[None]] = []
         self.exited = asyncio.Event()
+        self.on_failure: Callable[[Exception], None] | None = None  # told once, after the viewers' tracks end
+        self.failed = False
+        self.log = session_log(logger, stream.session_id)
 
     @property
     def subscribers(self) -> int:
@@ -282,8 +286,7 @@ class EncodedFanout:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._tasks = []
         for subscription in self._subscriptions:
             subscription.stop()
@@ -339,10 +342,9 @@ class EncodedFanout:
                         self.request_keyframe()
         except MediaStreamError:
             pass  # the session's stream ended, or stop()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("[%s] viewer video encoder failed", self.stream.session_id)
+        except Exception as e:
+            self.log.exception("viewer video encoder failed")
+            self._fail(e)
 
     async def _run_audio(self) -> None:
         try:
@@ -357,7 +359,15 @@ class EncodedFanout:
                         subscription.audio.offer(packet)
         except MediaStreamError:
             pass
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("[%s] viewer audio encoder failed", self.stream.session_id)
+        except Exception as e:
+            self.log.exception("viewer audio encoder failed")
+            self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
+        """An encoder failed: end every viewer's tracks (they see end of stream) and tell the owner, once."""
+        for subscription in self._subscriptions:
+            subscription.stop()
+        if not self.failed:
+            self.failed = True
+            if self.on_failure is not None:
+                self.on_failure(error)

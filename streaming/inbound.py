@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
 
 from streaming.audio_buffer import InputAudioBuffer
-from streaming.tasks import cancel_and_wait
+from streaming.tasks import cancel_and_wait, session_log
 from streaming.vad import Reblocker, SpeechDetector
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class AudioIngest:
         detector: SpeechDetector,
         *,
         session_id: str = "-",
+        on_failure: Callable[[Exception], None] | None = None,
     ) -> None:
         if buffer.sample_rate_hz != INBOUND_RATE_HZ or detector.sample_rate_hz != INBOUND_RATE_HZ:
             raise ValueError("the inbound buffer and detector must run at 48 kHz")
@@ -40,6 +42,8 @@ class AudioIngest:
         self.buffer = buffer
         self.detector = detector
         self.session_id = session_id
+        self.on_failure = on_failure  # told once if reading or converting fails (not when the track ends)
+        self.log = session_log(logger, session_id)
         self.frames_received = 0
         self.speech = False
         self._resampler = AudioResampler(format="s16", layout="mono", rate=INBOUND_RATE_HZ)
@@ -64,20 +68,22 @@ class AudioIngest:
                 self.buffer.push(block, self.speech)
 
     async def _run(self) -> None:
+        error: Exception | None = None
         try:
             while True:
                 try:
                     frame = await self.track.recv()
                 except MediaStreamError:
-                    logger.info("[%s] inbound audio ended", self.session_id)
+                    self.log.info("inbound audio ended")
                     return
                 if not isinstance(frame, AudioFrame):
                     continue
                 self.frames_received += 1
                 self.convert(frame)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("[%s] inbound audio failed", self.session_id)
+        except Exception as e:
+            error = e
+            self.log.exception("inbound audio failed")
         finally:
             self.ended.set()
+        if error is not None and self.on_failure is not None:
+            self.on_failure(error)

@@ -40,18 +40,24 @@ def tune_receiver_latency(receiver: RTCRtpReceiver) -> bool:
     return True
 
 
-def restrict_host_addresses(addresses: Sequence[str]) -> None:
-    """Offer only ``addresses`` as ICE host candidates (process-wide).
+def restrict_host_addresses(addresses: Sequence[str]) -> Callable[[], None]:
+    """Offer only ``addresses`` as ICE host candidates (process-wide); returns what undoes it.
 
     For multi-homed servers (offer the public interface only) and for tests and measurements that must stay
-    on loopback: aioice never offers 127.0.0.1 by itself.
+    on loopback: aioice never offers 127.0.0.1 by itself. The one place that patches aioice.
     """
     chosen = list(addresses)
+    original = aioice.ice.get_host_addresses
 
     def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
         return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
     aioice.ice.get_host_addresses = host_addresses
+
+    def restore() -> None:
+        aioice.ice.get_host_addresses = original
+
+    return restore
 
 
 EncodeObserver = Callable[[str, float], None]

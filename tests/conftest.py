@@ -12,12 +12,13 @@ from tests.system import INSTALL_COMMAND, INSTALL_HINT
 
 
 @pytest.fixture
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def loopback_ice() -> Iterator[None]:
     """aioice never offers 127.0.0.1; tests run both peers on loopback only."""
-    import aioice.ice
+    from streaming.rtc import restrict_host_addresses
 
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+    restore = restrict_host_addresses(["127.0.0.1"])
     yield
+    restore()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,7 +11,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 
-import aioice.ice
 import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from server.app import create_app
 from server.config import Settings
 from server.state import RUNTIME
+from streaming.rtc import restrict_host_addresses
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 1200
@@ -107,8 +107,7 @@ requests = offer_requests() | whip_whep_requests() | session_requests()
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, web.Application]]:
     """The app on a real port in a thread of its own, so hypothesis can drive it synchronously."""
-    original = aioice.ice.get_host_addresses
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
+    restore = restrict_host_addresses(["127.0.0.1"])
     loop = asyncio.new_event_loop()
     app = create_app(Settings(max_sessions=64, connect_timeout_s=2))
     runner = web.AppRunner(app)
@@ -131,7 +130,7 @@ def server() -> Iterator[tuple[str, web.Application]]:
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
-    aioice.ice.get_host_addresses = original
+    restore()
 
 
 def send(url: str, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:

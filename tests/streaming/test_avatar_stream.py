@@ -142,3 +142,38 @@ async def test_tracks_end_when_the_stream_stops() -> None:
     for task in pending:
         with pytest.raises(MediaStreamError):
             await task
+
+
+class BrokenFeaturizer(LevelFeaturizer):
+    """Works for ``good_pushes`` hops, then raises."""
+
+    def __init__(self, good_pushes: int) -> None:
+        super().__init__()
+        self.good_pushes = good_pushes
+
+    def push(self, hop):  # type: ignore[no-untyped-def]
+        if self.good_pushes <= 0:
+            raise RuntimeError("featurizer broke")
+        self.good_pushes -= 1
+        return super().push(hop)
+
+
+async def test_a_failing_producer_ends_the_stream_for_its_tracks_and_stop_completes() -> None:
+    stream, buffer, clock = make_stream(ManualRenderer())
+    stream.featurizer = BrokenFeaturizer(good_pushes=3)
+    failures: list[Exception] = []
+    stream.on_failure = failures.append
+    video, audio = AvatarVideoTrack(stream), AvatarAudioTrack(stream)
+    stream.start()
+    video_task = asyncio.create_task(collect(video, 10))
+    audio_task = asyncio.create_task(collect(audio, 20))
+    await clock.advance(0.5)
+    # Both tracks end (MediaStreamError) instead of waiting for a tick that never comes.
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(video_task, 1)
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(audio_task, 1)
+    assert stream.closed and stream.stats.ticks == 3
+    assert len(failures) == 1 and str(failures[0]) == "featurizer broke" and stream.error is failures[0]
+    await stream.stop()  # does not raise what the producer already reported
+    assert stream._task is None
