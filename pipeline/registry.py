@@ -12,16 +12,22 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from pipeline.avatar import Avatar, load_avatar
-from pipeline.engine import RenderEngine
 from pipeline.idle import with_idle_motion
 
 logger = logging.getLogger(__name__)
 
 
+class AvatarPreparer(Protocol):
+    """What prepares avatars for rendering: the render engine (or, in a media worker, its link to it)."""
+
+    def add_avatar(self, avatar: Avatar) -> None: ...
+
+
 class AvatarRegistry(Mapping[str, Avatar]):
-    def __init__(self, engine: RenderEngine) -> None:
+    def __init__(self, engine: AvatarPreparer) -> None:
         self.engine = engine
         self._avatars: dict[str, Avatar] = {}
         self._lock = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -36,6 +36,8 @@ from streaming.rtc import observe_encoding
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 1 << 20
+RuntimeBuilder = Callable[[Settings, Clock | None], Runtime]
+RUNTIME_BUILDER: web.AppKey[RuntimeBuilder] = web.AppKey("runtime_builder")
 
 
 def avatar_search_path(settings: Settings) -> tuple[Path, ...]:
@@ -109,7 +111,8 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     clock = app.get(CLOCK)
     loop = asyncio.get_running_loop()
-    runtime = await loop.run_in_executor(None, build_runtime, settings, clock)
+    builder = app.get(RUNTIME_BUILDER, build_runtime)  # a media worker builds its own (server/worker)
+    runtime = await loop.run_in_executor(None, builder, settings, clock)
     runtime.engine.start()
     metrics = app[METRICS]
     metrics.attach(runtime)
@@ -139,9 +142,13 @@ async def _close_sessions(app: web.Application) -> None:
         await runtime.sessions.close_all()
 
 
-def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Application:
+def create_app(
+    settings: Settings, *, clock: Clock | None = None, runtime_builder: RuntimeBuilder | None = None
+) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
+    if runtime_builder is not None:
+        app[RUNTIME_BUILDER] = runtime_builder
     app[METRICS] = Metrics()
     if clock is not None:
         app[CLOCK] = clock
@@ -151,4 +158,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> web.Applica
     app.on_shutdown.append(_close_sessions)
     routes.setup(app)
     avatar_routes.setup(app, routes.avatar_json)
+    if settings.media_workers > 1:
+        from server.front.tier import install_media_tier  # the front of several media worker processes
+
+        install_media_tier(app)
     return app

@@ -18,6 +18,12 @@ from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "LIPCAST_"
 BACKENDS = ("builtin", "wav2lip")
+RENDER_PLACES = ("auto", "engine", "worker")
+
+
+def default_media_workers() -> int:
+    """``lipcast serve``'s default: one media worker per core but one (the front and the engine), >= 1."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,13 @@ class Settings:
     max_upload_duration_s: float = 30.0
     max_upload_side_px: int = 1920
     avatar_max_side_px: int = 640  # frames of prepared avatars are scaled to at most this a side
+    # Media workers (server/front, server/worker): 1 runs everything in one process, as before; N > 1 runs a
+    # front process and N worker processes. ``lipcast serve`` defaults to cores - 1 (default_media_workers).
+    media_workers: int = 1
+    # Where frames are rendered with several workers: "engine" (the front's one engine, through shared
+    # memory), "worker" (a CPU engine in each worker), "auto" (worker for the built-in backend on a CPU).
+    render_in: str = "auto"
+    worker_hang_timeout_s: float = 10.0  # a worker that answers no health check this long is restarted
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,6 +122,14 @@ class Settings:
             problems.append("max_session_s and drain_timeout_s must be >= 0")
         if self.push_buffer_s <= 0 or self.push_grace_s <= 0:
             problems.append("push_buffer_s and push_grace_s must be > 0")
+        if self.media_workers < 1:
+            problems.append("media_workers must be at least 1")
+        if self.render_in not in RENDER_PLACES:
+            problems.append(f"render_in must be one of {', '.join(RENDER_PLACES)}")
+        if self.worker_hang_timeout_s <= 0:
+            problems.append("worker_hang_timeout_s must be positive")
+        if self.media_workers > 1 and self.virtualcam:
+            problems.append("--virtualcam needs --media-workers 1 (the camera follows one process's calls)")
         if self.max_viewers < 0:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
@@ -268,6 +289,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="fixed VP8 bitrate of the viewers' shared encoder (env LIPCAST_VIEWER_BITRATE_KBPS)",
     )
     p.add_argument(
+        "--media-workers",
+        type=int,
+        help="media worker processes (default: cores - 1, 1 with --virtualcam; 1 runs everything in one"
+        " process) (env LIPCAST_MEDIA_WORKERS)",
+    )
+    p.add_argument(
+        "--render-in",
+        choices=RENDER_PLACES,
+        help="with several media workers, render in the front's one engine (shared memory) or in each"
+        " worker; auto: workers for the built-in backend on a CPU, else the engine (env LIPCAST_RENDER_IN)",
+    )
+    p.add_argument(
+        "--worker-hang-timeout-s",
+        type=float,
+        help="restart a media worker that answers no health check this long (env"
+        " LIPCAST_WORKER_HANG_TIMEOUT_S)",
+    )
+    p.add_argument(
         "--virtualcam",
         action="store_true",
         default=None,
@@ -326,6 +365,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "max_upload_side_px": int,
         "avatar_max_side_px": int,
         "torch_threads": int,
+        "media_workers": int,
+        "worker_hang_timeout_s": float,
     }
     values: dict[str, Any] = {}
     for f in fields(Settings):
@@ -353,6 +394,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     values["avatar_dirs"] = (*extra_dirs, *defaults.avatar_dirs)
     if "upload_dir" not in values and extra_dirs:
         values["upload_dir"] = extra_dirs[0]
+
+    if "media_workers" not in values:
+        values["media_workers"] = 1 if values.get("virtualcam") else default_media_workers()
 
     batch = args.batch_sizes or _env(env, "BATCH_SIZES")
     if batch:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Protocol
 
 from aiohttp import web
 
@@ -18,13 +19,51 @@ from server.state import RUNTIME
 logger = logging.getLogger(__name__)
 
 
-async def serve_until_signalled(app: web.Application, host: str, port: int, drain_timeout_s: float) -> None:
-    runner = web.AppRunner(app, handle_signals=False)
+class Drainable(Protocol):
+    """More calls to drain on SIGTERM than the app's own sessions (the front's media workers)."""
+
+    async def drain(self, timeout_s: float) -> int: ...
+
+    async def close_all(self, reason: str) -> None: ...
+
+
+ALSO_DRAIN = web.AppKey("also_drain", Drainable)
+
+
+async def serve_until_signalled(
+    app: web.Application,
+    host: str,
+    port: int,
+    drain_timeout_s: float,
+    *,
+    unix_path: str | None = None,
+    abort: asyncio.Event | None = None,
+) -> None:
+    """Serve on ``host:port`` (or the Unix socket ``unix_path``) until SIGTERM/SIGINT, then drain.
+
+    ``abort`` set: close every call now and stop (a media worker whose front went away).
+    """
+    # A media worker's requests come from the front, which logs them already.
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None if unix_path else logging.getLogger("aiohttp.access")
+    )
     await runner.setup()
+    watch: asyncio.Task[None] | None = None
     try:
-        await web.TCPSite(runner, host, port).start()
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
+        else:
+            await web.TCPSite(runner, host, port).start()
         loop = asyncio.get_running_loop()
         stop, hurry = asyncio.Event(), asyncio.Event()
+        if abort is not None:
+
+            async def on_abort() -> None:
+                await abort.wait()
+                hurry.set()
+                stop.set()
+
+            watch = asyncio.create_task(on_abort())
 
         def on_signal(signum: signal.Signals) -> None:
             if stop.is_set():
@@ -38,8 +77,12 @@ async def serve_until_signalled(app: web.Application, host: str, port: int, drai
             loop.add_signal_handler(signum, on_signal, signum)
         await stop.wait()
         runtime = app.get(RUNTIME)
+        others = app.get(ALSO_DRAIN)
         if runtime is not None:
-            drain = asyncio.create_task(runtime.sessions.drain(drain_timeout_s))
+            drains = [runtime.sessions.drain(drain_timeout_s)]
+            if others is not None:
+                drains.append(others.drain(drain_timeout_s))
+            drain = asyncio.gather(*drains)
             hurried = asyncio.create_task(hurry.wait())
             await asyncio.wait((drain, hurried), return_when=asyncio.FIRST_COMPLETED)
             hurried.cancel()
@@ -47,5 +90,9 @@ async def serve_until_signalled(app: web.Application, host: str, port: int, drai
                 drain.cancel()
                 await asyncio.gather(drain, return_exceptions=True)
                 await runtime.sessions.close_all("server shutdown")
+                if others is not None:
+                    await others.close_all("server shutdown")
     finally:
+        if watch is not None:
+            watch.cancel()
         await runner.cleanup()

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from pipeline.backend import LipSyncBackend
 from pipeline.engine import RenderEngine
+from pipeline.engine_link.client import SharedRenderer
 from pipeline.registry import AvatarRegistry
 from server.capacity import STARTING_RETRY_AFTER_S
 from server.config import Settings
@@ -26,7 +27,7 @@ class Runtime:
 
     settings: Settings
     backend: LipSyncBackend
-    engine: RenderEngine
+    engine: RenderEngine | SharedRenderer  # a media worker's link to the front's engine
     avatars: AvatarRegistry
     sessions: SessionManager
     device: dict[str, Any]

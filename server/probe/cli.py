@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--avatar", help="avatar name")
     p.add_argument("--sessions", type=int, default=1, help="concurrent sessions (load mode when > 1)")
     p.add_argument("--ramp-s", type=float, default=0.0, help="start the sessions spread over this time")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread the sessions' clients over this many processes (one Python process holds ~10 calls)",
+    )
     p.add_argument("--json", type=Path, help="write the full results here")
     p.add_argument("--png", type=Path, help="write the latency histogram and timeline here")
     p.add_argument("--max-mouth-latency-p95-ms", type=float)
@@ -105,6 +111,67 @@ async def run_sessions(
         results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
         after = await server_health(http, url)
         return results, server_cpu(before, after, time.monotonic() - t0)
+
+
+def _client_process(
+    url: str,
+    audio: npt.NDArray[np.int16],
+    indices: list[int],
+    sessions: int,
+    ramp_s: float,
+    avatar: str | None,
+    ice_addresses: list[str] | None,
+) -> list[CallReport | str]:
+    """One client process of a spread-out load: its share of the calls (picklable results back)."""
+    if ice_addresses:
+        restrict_host_addresses(ice_addresses)
+
+    async def run() -> list[CallReport | BaseException]:
+        async with aiohttp.ClientSession() as http:
+
+            async def one(i: int) -> CallReport:
+                await asyncio.sleep(ramp_s * i / max(1, sessions))
+                recording = await call(url, audio, avatar=avatar, http=http)
+                return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
+
+            return await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+
+    return [r if isinstance(r, CallReport) else f"{type(r).__name__}: {r}" for r in asyncio.run(run())]
+
+
+async def run_spread(
+    url: str,
+    audio: npt.NDArray[np.int16],
+    sessions: int,
+    ramp_s: float,
+    avatar: str | None,
+    processes: int,
+    ice_addresses: list[str] | None,
+) -> tuple[list[CallReport | BaseException], dict[str, float]]:
+    """``run_sessions`` with the clients spread round-robin over ``processes`` processes."""
+    import concurrent.futures
+    import multiprocessing
+
+    shares = [list(range(k, sessions, processes)) for k in range(processes)]
+    context = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        before, t0 = await server_health(http, url), time.monotonic()
+        with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+            parts = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, _client_process, url, audio, share, sessions, ramp_s, avatar, ice_addresses
+                    )
+                    for share in shares
+                    if share
+                )
+            )
+        after = await server_health(http, url)
+    results: list[CallReport | BaseException] = [
+        r if isinstance(r, CallReport) else RuntimeError(r) for part in parts for r in part
+    ]
+    return results, server_cpu(before, after, time.monotonic() - t0)
 
 
 def late_knee(reports: list[CallReport]) -> dict[str, Any]:
@@ -226,7 +293,20 @@ def main(args: argparse.Namespace) -> int:
     if args.ice_addresses:
         restrict_host_addresses(args.ice_addresses)
     started = time.time()
-    results, cpu = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
+    if args.client_processes > 1:
+        results, cpu = asyncio.run(
+            run_spread(
+                url,
+                audio,
+                args.sessions,
+                args.ramp_s,
+                args.avatar,
+                args.client_processes,
+                args.ice_addresses,
+            )
+        )
+    else:
+        results, cpu = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
     reports = [r for r in results if isinstance(r, CallReport)]
     errors = [r for r in results if not isinstance(r, CallReport)]
     for error in errors:
