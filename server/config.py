@@ -56,7 +56,9 @@ class Settings:
     fps: int = 25
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
-    jitter_buffer_ms: float | None = None  # None: adaptive (from one frame up, with observed jitter)
+    # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
+    # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
+    jitter_buffer_ms: float | None = 60.0
     render_budget_ms: float | None = None  # None: from the warm-up timings on CUDA; 40 ms (400 ms for
     # wav2lip) on a CPU
     vad_aggressiveness: int = 2
@@ -198,9 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--jitter-buffer-ms",
-        type=float,
-        help="a fixed depth of inbound audio buffered before playout; without it the buffer adapts to the"
-        " observed network jitter, from one frame (40 ms) up (env LIPCAST_JITTER_BUFFER_MS)",
+        help="inbound audio buffered before playout: a fixed depth in ms (default 60), or 'adaptive' to"
+        " follow the observed network jitter from one frame (40 ms) up (env LIPCAST_JITTER_BUFFER_MS)",
     )
     p.add_argument(
         "--render-budget-ms",
@@ -321,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _jitter_buffer_ms(raw: str) -> float | None:
+    """A fixed depth in milliseconds, or None for ``adaptive``."""
+    return None if raw.strip().lower() == "adaptive" else float(raw)
+
+
 def _flag(raw: str | bool) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -347,7 +353,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "fps": int,
         "vad_aggressiveness": int,
         "lookahead_ms": float,
-        "jitter_buffer_ms": float,
+        "jitter_buffer_ms": _jitter_buffer_ms,
         "render_budget_ms": float,
         "connect_timeout_s": float,
         "max_session_s": float,
