@@ -271,15 +271,7 @@ class SessionManager:
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
-        if self.draining:
-            self.refused_total["draining"] += 1
-            raise CapacityError("the server is shutting down; try another instance", RETRY_AFTER_S)
-        avatar = self.avatar(avatar_name)
-        try:
-            self.gate.check()
-        except CapacityError:
-            self.refused_total["capacity"] += 1
-            raise
+        avatar = self.admit(avatar_name)
         summary = validate_offer(offer.sdp)  # after the 503s: a draining or full server takes no offer
         (check_whip_offer if signalling == "whip" else check_call_offer)(summary)
         with self.gate.hold():  # the slot is held across the awaits below

@@ -33,7 +33,7 @@ from pipeline.engine_link.ring import (
     RingLayout,
     hang_up,
     note,
-    parse_note,
+    received_notes,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,12 +89,7 @@ class EngineBridge:
 
     def _serve(self) -> None:
         try:
-            while True:
-                try:
-                    message = self.conn.recv_bytes()
-                except (EOFError, OSError, TypeError):  # TypeError: closed under the reader
-                    break
-                kind, arg = parse_note(message)
+            for kind, arg in received_notes(self.conn):
                 if kind == SUBMIT and isinstance(arg, int):
                     self._submit(arg)
                 elif kind == CANCEL_SESSION and isinstance(arg, str):

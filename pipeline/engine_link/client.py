@@ -35,7 +35,7 @@ from pipeline.engine_link.ring import (
     cancel_note,
     hang_up,
     note,
-    parse_note,
+    received_notes,
 )
 
 logger = logging.getLogger(__name__)
@@ -172,12 +172,7 @@ class SharedRenderer:
 
     def _read_answers(self) -> None:
         try:
-            while True:
-                try:
-                    message = self.conn.recv_bytes()
-                except (EOFError, OSError, TypeError):  # TypeError: closed under the reader
-                    break
-                kind, slot = parse_note(message)
+            for kind, slot in received_notes(self.conn):
                 if isinstance(slot, int):
                     self._answer(kind, slot)
         except Exception:  # a corrupt note: the link cannot be trusted any more

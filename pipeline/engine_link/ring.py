@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -229,3 +230,13 @@ def hang_up(conn: Connection) -> None:
         conn.close()
     except OSError:
         pass
+
+
+def received_notes(conn: Connection) -> Iterator[tuple[bytes, int | str]]:
+    """Each note that arrives on ``conn``, parsed (:func:`parse_note`), until the other end closes it."""
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError, TypeError):  # TypeError: closed under the reader
+            return
+        yield parse_note(message)
