@@ -108,6 +108,27 @@ def configure_threads(backend: str, device: torch.device, requested: int | None 
     return torch.get_num_threads()
 
 
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def resolve_compile(choice: str, device: torch.device) -> bool:
+    """``--wav2lip-compile``: ``auto`` compiles on CUDA when Triton is there; ``on`` asks for it (a CPU or a
+    missing Triton gets a warning and eager kernels: compiling Wav2Lip for a CPU takes minutes and gains
+    little); ``off`` never compiles."""
+    from pipeline.wav2lip.compiled import compile_available
+
+    if choice not in COMPILE_CHOICES:
+        raise ValueError(f"wav2lip compile must be one of {', '.join(COMPILE_CHOICES)}, got {choice!r}")
+    if choice == "off":
+        return False
+    available = compile_available(device)
+    if choice == "on" and not available:
+        logger.warning(
+            "--wav2lip-compile on needs a CUDA device with Triton (%s here): eager kernels", device.type
+        )
+    return available
+
+
 def create_backend(
     name: str,
     device: torch.device,
@@ -116,8 +137,10 @@ def create_backend(
     lookahead_ms: float | None = None,
     batch_sizes: Sequence[int] = (),
     wav2lip_alignment: str = "inference",
+    compile_cache_dir: Path | None = None,
 ) -> LipSyncBackend:
-    """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation)."""
+    """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation).
+    ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`)."""
     if name == "builtin":
         from pipeline.builtin import BuiltinBackend
 
@@ -131,6 +154,11 @@ def create_backend(
         from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT
 
         offset = TRAINING_ALIGNMENT if wav2lip_alignment == "training" else INFERENCE_ALIGNMENT
+        from pipeline.wav2lip.compile_cache import CompileCache
+
         sizes = tuple(batch_sizes) or default_batch_sizes(device)
-        return Wav2LipBackend(checkpoint, device=device, batch_sizes=sizes, window_offset_frames=offset)
+        cache = None if compile_cache_dir is None else CompileCache(compile_cache_dir)
+        return Wav2LipBackend(
+            checkpoint, device=device, batch_sizes=sizes, window_offset_frames=offset, compile_cache=cache
+        )
     raise ValueError(f"unknown backend {name!r}")

@@ -21,6 +21,7 @@ from pipeline.runtime import (
     device_report,
     measured_render_budget_ms,
     render_niceness,
+    resolve_compile,
     resolve_device,
 )
 from server import avatar_routes, routes
@@ -75,6 +76,11 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         render_budget_ms=settings.render_budget_ms or default_render_budget_ms(settings.backend, device),
     )
     configure_threads(settings.backend, device, settings.torch_threads)
+    compile_cache_dir = None
+    if settings.backend == "wav2lip" and resolve_compile(settings.wav2lip_compile, device):
+        from pipeline.wav2lip.compile_cache import default_cache_root
+
+        compile_cache_dir = settings.compile_cache_dir or default_cache_root()
     backend = create_backend(
         settings.backend,
         device,
@@ -82,6 +88,7 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         lookahead_ms=settings.lookahead_ms,
         batch_sizes=settings.batch_sizes,
         wav2lip_alignment=settings.wav2lip_alignment,
+        compile_cache_dir=compile_cache_dir,
     )
     avatars = load_avatars(settings)
     engine = RenderEngine(

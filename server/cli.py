@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from server import avatar_cli, tools_cli
+from server import avatar_cli, engine_cli, tools_cli
 from server.config import build_parser, settings_from
 from server.probe.cli import add_arguments as add_probe_arguments
 from streaming.rtc import restrict_host_addresses
@@ -68,6 +68,7 @@ def build_cli() -> argparse.ArgumentParser:
     probe_parser.set_defaults(handler=probe)
     avatar_cli.add_commands(commands)
     tools_cli.add_commands(commands)
+    engine_cli.add_commands(commands)
     return parser
 
 

@@ -56,6 +56,9 @@ class Settings:
     fps: int = 25
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
+    # torch.compile of Wav2Lip's network per bucket: auto = on CUDA with Triton, off on a CPU
+    wav2lip_compile: str = "auto"
+    compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
     # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
     # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
     jitter_buffer_ms: float | None = 60.0
@@ -114,6 +117,8 @@ class Settings:
             problems.append("lookahead_ms must be >= 0")
         if self.wav2lip_alignment not in ("inference", "training"):
             problems.append("wav2lip_alignment must be 'inference' or 'training'")
+        if self.wav2lip_compile not in ("auto", "on", "off"):
+            problems.append("wav2lip_compile must be auto, on or off")
         if self.batch_sizes and min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")
         if self.max_upload_mb <= 0 or self.max_upload_duration_s <= 0:
@@ -220,6 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("inference", "training"),
         help="where a frame's 200 ms mel window starts: at the frame (inference, as published) or one frame"
         " earlier (training; 40 ms less latency) (env LIPCAST_WAV2LIP_ALIGNMENT)",
+    )
+    p.add_argument(
+        "--wav2lip-compile",
+        choices=("auto", "on", "off"),
+        help="torch.compile Wav2Lip's kernels per batch size: auto (default) on CUDA with Triton, off on a"
+        " CPU; the first build takes minutes, later starts load them from the compile cache"
+        " (env LIPCAST_WAV2LIP_COMPILE)",
+    )
+    p.add_argument(
+        "--compile-cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where compiled kernels are kept (default ~/.cache/lipcast/compile; `lipcast engine build`"
+        " fills it) (env LIPCAST_COMPILE_CACHE_DIR)",
     )
     p.add_argument(
         "--max-session-s",
@@ -364,6 +383,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         "viewer_bitrate_kbps": int,
         "virtualcam": _flag,
         "checkpoint": Path,
+        "compile_cache_dir": Path,
         "static_dir": Path,
         "upload_dir": Path,
         "max_upload_mb": float,

@@ -19,6 +19,10 @@ render is two small uploads, one replay and one download. The graphs hold the ta
 removing an avatar recaptures them at once (a fraction of a second per size), before the next render. On
 the CPU: fp32, the same code without graphs. On CUDA the constructor sets ``torch.backends.cudnn.benchmark``
 (process-wide).
+With ``compile_cache`` given (CUDA), the audio encoder + decoder of every bucket run as ``torch.compile``
+kernels (:mod:`.compiled`) inside those graphs, built at a bucket's first render (or loaded from the
+cache); a compile that fails leaves the backend on its eager kernels, with a warning. Sizes that are not
+buckets always run eager (a new shape would mean a new compile).
 Memory: the cached features are 290,816 values per avatar frame (0.58 MB in fp16).
 """
 
@@ -39,6 +43,8 @@ import torch.nn.functional as F
 from pipeline.avatar import Avatar, UnknownAvatarError
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.wav2lip.checkpoint import load_wav2lip
+from pipeline.wav2lip.compile_cache import CompileCache, environment_key
+from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import (
     CONDITIONING_SHAPE,
@@ -112,12 +118,17 @@ class Wav2LipBackend:
         mask_top_fraction: float = DEFAULT_MASK_TOP_FRACTION,
         cuda_graphs: bool = True,
         check_fp16_range: bool = True,
+        compile_cache: CompileCache | None = None,
+        compiler: Compiler | None = None,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
 
         ``dtype`` None means float16 on CUDA and float32 elsewhere. With ``check_fp16_range`` every avatar
         added while the dtype is float16 is first run through the model in fp32 with activation hooks
         (:mod:`.range_check`); if any layer comes near the float16 limit the backend switches to fp32.
+
+        ``compile_cache``: compile the buckets' network kernels (:mod:`.compiled`), caching them there; None
+        renders with eager kernels. ``compiler`` replaces ``torch.compile`` (tests).
         """
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
@@ -146,6 +157,10 @@ class Wav2LipBackend:
         self._geometry = torch.empty(0, 3, dtype=torch.float32, device=self.device)
         self._canvas_hw = (0, 0)
         self._buckets: dict[int, _Bucket] = {}
+        self._compile_cache = compile_cache
+        self._compiler = compiler
+        self.compiled: CompiledDecoder | None = None
+        self._new_compiled()
         # The engine calls everything from its worker thread; the lock keeps a stray add_avatar from
         # another thread from swapping the tables under a render.
         self._lock = threading.RLock()
@@ -220,6 +235,31 @@ class Wav2LipBackend:
             self._feats = [t.float() for t in self._feats]
         self._sync()
         self._buckets.clear()
+        self._new_compiled()
+
+    def _new_compiled(self) -> None:
+        """The compiled network of the current model and dtype (when compiling), built lazily per size."""
+        if self._compile_cache is None:
+            self.compiled = None
+            return
+        key = environment_key(self.device, self.dtype)
+        self.compiled = CompiledDecoder(
+            self.model, key, self._compile_cache, self.batch_sizes, compiler=self._compiler
+        )
+
+    def _network(self, audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Audio encoder + decoder: the compiled kernels for a bucket's size, else eager."""
+        if self.compiled is not None and audio.shape[0] in self.batch_sizes:
+            try:
+                return self.compiled(audio, feats)
+            except Exception as e:  # a compiler failure must not take rendering down
+                if self._cuda and torch.cuda.is_current_stream_capturing():
+                    raise
+                logger.warning(
+                    "torch.compile failed (%s: %s): rendering with eager kernels", type(e).__name__, e
+                )
+                self.compiled = None
+        return self.model.decode(self.model.encode_audio(audio), feats)
 
     def _encode_faces(self, inputs: npt.NDArray[np.float32]) -> list[torch.Tensor]:
         chunks: list[list[torch.Tensor]] = [[] for _ in range(N_FACE_FEATURES)]
@@ -263,7 +303,7 @@ class Wav2LipBackend:
     ) -> torch.Tensor:
         """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases."""
         audio = mel.to(self.dtype).contiguous(memory_format=self.memory_format)
-        face = self.model.decode(self.model.encode_audio(audio), feats)
+        face = self._network(audio, feats)
         return paste_faces(face, base, geometry, self._mask)
 
     def _rows(self, items: Sequence[RenderItem]) -> tuple[npt.NDArray[np.int64], list[_AvatarEntry]]:

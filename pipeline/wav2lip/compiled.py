@@ -1,0 +1,134 @@
+"""Compiled kernels for the render path: ``torch.compile`` of the audio encoder + decoder, per batch size.
+
+What is compiled is the per-frame network work on cached face features,
+
+    face = model.decode(model.encode_audio(mel), feats)    # (N,1,80,16), 7 feats -> (N,3,96,96)
+
+with ``dynamic=False`` (one specialised graph per batch size, the engine's fixed buckets) and
+:data:`~.compile_cache.COMPILE_MODE` ``max-autotune-no-cudagraphs``: Inductor autotunes the convolutions
+(cuDNN against its Triton templates) and fuses the bias, residual adds, ReLUs and the skip concatenations
+around them, but leaves CUDA graphs to the backend, which captures the compiled kernels inside its own
+graph per bucket (together with the gather of the cached features and the paste). The gather and the
+paste stay eager code inside that graph: their shapes follow the avatar tables and the canvas, which
+change at run time (an uploaded avatar), and a recompile then would stall the engine for minutes.
+
+Compiling happens on a batch size's first call, in the backend's warm-up before its graph is captured.
+With a warm :mod:`.compile_cache` that first call loads the kernels instead of building them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
+from pipeline.wav2lip.model import Wav2Lip
+
+logger = logging.getLogger(__name__)
+
+DecodeFn = Callable[[torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
+Compiler = Callable[..., Any]  # torch.compile's signature: (fn, *, mode, dynamic, fullgraph) -> fn
+
+
+def compile_available(device: torch.device) -> bool:
+    """Whether torch.compile can build GPU kernels here: a CUDA device and Triton importable."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _raise_recompile_limit(needed: int) -> None:
+    """One graph per batch size (and dtype) of the same code: dynamo's per-code limit must allow them all."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(int(getattr(config, name)), needed))
+
+
+class CompiledDecoder:
+    """The compiled ``decode(encode_audio(mel), feats)`` of one model and dtype, with its cache bookkeeping.
+
+    ``compiler`` is ``torch.compile`` (tests pass a stand-in: a real compile on a CPU takes minutes).
+    Sizes are recorded in the cache manifest once their first call (the compile) has returned.
+    """
+
+    def __init__(
+        self,
+        model: Wav2Lip,
+        key: CompileKey,
+        cache: CompileCache,
+        batch_sizes: Sequence[int],
+        *,
+        compiler: Compiler | None = None,
+    ) -> None:
+        self.key = key
+        self.cache = cache
+        self.batch_sizes = tuple(batch_sizes)
+        self.status: CacheStatus = cache.status(key)
+        self.compile_s: dict[int, float] = {}  # first call (compile or cache load) per size
+        self._seen: set[int] = set()
+        self._log_status()
+        # Inductor's FX graph, autotuning and Triton caches all follow this variable (read when used);
+        # process-wide by Inductor's design, so one process keeps one compile cache.
+        self.status.directory.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
+        _raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+
+        def decode(audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+            return model.decode(model.encode_audio(audio), feats)
+
+        compile_fn: Compiler = compiler or torch.compile
+        self._fn: DecodeFn = compile_fn(decode, mode=key.mode, dynamic=False, fullgraph=True)
+
+    def _log_status(self) -> None:
+        status, sizes = self.status, self.batch_sizes
+        missing = status.missing(sizes)
+        if status.mismatch is not None:
+            logger.warning(
+                "%s; compiling anew into %s (minutes; `lipcast engine build` does it ahead of time)",
+                status.mismatch,
+                status.directory,
+            )
+        elif not missing:
+            logger.info("compile cache %s holds every batch size: loading kernels", status.directory)
+        else:
+            logger.info(
+                "compile cache %s: batch sizes %s not built yet, compiling them at warm-up (minutes;"
+                " `lipcast engine build` does it ahead of time)",
+                status.directory,
+                ",".join(map(str, missing)),
+            )
+
+    def __call__(self, audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+        size = int(audio.shape[0])
+        if size in self._seen:
+            return self._fn(audio, feats)
+        position = self.batch_sizes.index(size) + 1 if size in self.batch_sizes else 0
+        cached = size in self.status.built_sizes
+        logger.info(
+            "wav2lip: %s compiled kernels of batch %d (%d/%d)",
+            "loading" if cached else "building",
+            size,
+            position,
+            len(self.batch_sizes),
+        )
+        start_s = time.perf_counter()
+        out = self._fn(audio, feats)
+        if audio.is_cuda and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(audio.device)
+        elapsed_s = time.perf_counter() - start_s
+        self._seen.add(size)
+        self.compile_s[size] = elapsed_s
+        self.cache.record(self.key, (size,), None if cached else elapsed_s)
+        logger.info("wav2lip: batch %d compiled kernels ready in %.1f s", size, elapsed_s)
+        return out
