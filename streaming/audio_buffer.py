@@ -39,6 +39,7 @@ class _Block:
     samples: Int16Array
     speech: bool
     input_pos: int  # position of samples[0] in the client's stream, in samples
+    arrived_s: float = 0.0  # on the buffer's clock
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Pulled:
     speech: bool
     input_pos: int | None
     underrun: bool
+    waited_ms: float | None = None  # how long its first sample sat in the buffer (None for filler)
 
 
 @dataclass
@@ -130,7 +132,7 @@ class InputAudioBuffer:
         if self.jitter is not None:
             position_s = self._next_input_pos / self.sample_rate_hz
             self.jitter.observe(self._clock(), position_s, speech=speech)
-        self._blocks.append(_Block(samples, speech, self._next_input_pos))
+        self._blocks.append(_Block(samples, speech, self._next_input_pos, self._clock()))
         self._next_input_pos += len(samples)
         self._depth += len(samples)
         self.stats.pushed_samples += len(samples)
@@ -188,6 +190,7 @@ class InputAudioBuffer:
         filled = 0
         speech = False
         input_pos = self._blocks[0].input_pos
+        waited_ms = (self._clock() - self._blocks[0].arrived_s) * 1000.0
         while filled < count:
             block = self._blocks[0]
             n = min(count - filled, len(block.samples))
@@ -201,7 +204,7 @@ class InputAudioBuffer:
                 block.input_pos += n
         self._depth -= count
         self.stats.pulled_samples += count
-        return Pulled(out, speech, input_pos, underrun=False)
+        return Pulled(out, speech, input_pos, underrun=False, waited_ms=waited_ms)
 
     def _discard_oldest(self, limit: int, *, silence_only: bool) -> int:
         """Drop whole blocks from the head, up to ``limit`` samples; stop at speech if ``silence_only``."""

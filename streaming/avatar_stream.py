@@ -68,6 +68,8 @@ class Tick:
     produced_s: float
     featurize_ms: float
     render_ms: float | None = None  # submit -> patch ready
+    buffer_ms: float | None = None  # how long the audio pulled at this tick waited in the jitter buffer
+    late_ms: float = 0.0  # produced this long after its due time (event loop delays)
     mix: float = 1.0  # weight of the patch over the avatar frame (< 1 while crossfading)
 
 
@@ -270,7 +272,10 @@ class AvatarStream:
             patch=None,
             produced_s=self.clock.now(),
             featurize_ms=featurize_ms,
+            buffer_ms=pulled.waited_ms,
         )
+        if self.timeline is not None:
+            tick.late_ms = max(0.0, (tick.produced_s - self.timeline.due(index)) * 1000.0)
         self.stats.ticks += 1
         voiced = pulled.speech or tick.speech  # the newest audio (lookahead) or this tick's own
         self._quiet_ticks = 0 if voiced else self._quiet_ticks + 1

@@ -113,9 +113,22 @@ class AvatarVideoTrack(_StreamTrack):
         return image, False
 
     def _meta(self, tick: Tick, late: bool, compose_ms: float) -> FrameMeta:
-        stages = {"features": round(tick.featurize_ms, 3), "compose": round(compose_ms, 3)}
+        stream = self.stream
+        # Where a frame's time goes on the server (ms): its audio waits in the jitter buffer ("buffer", the
+        # newest audio pulled at this tick), then the fixed lookahead delay ("lookahead"), the tick is
+        # produced ("produce_late" after its due time), rendered ("render": queue + engine) within the
+        # render budget ("budget": due -> leaves), and composed ("compose") before the encoder.
+        stages = {
+            "features": round(tick.featurize_ms, 3),
+            "compose": round(compose_ms, 3),
+            "lookahead": round(stream.delay_ms, 3),
+            "budget": round(stream.render_budget_s * 1000.0, 3),
+            "produce_late": round(tick.late_ms, 3),
+        }
         if tick.render_ms is not None:
             stages["render"] = round(tick.render_ms, 3)
+        if tick.buffer_ms is not None:
+            stages["buffer"] = round(tick.buffer_ms, 3)
         return FrameMeta(
             frame=tick.index,
             avatar_frame=tick.frame_index,

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from server.probe.client import call
 from server.probe.patterns import burst_pattern, load_audio
 from server.probe.plot import write_png
-from server.probe.report import CallReport, analyse, percentiles
+from server.probe.report import PATH_STAGES, CallReport, analyse, percentiles
 from streaming.rtc import restrict_host_addresses
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,38 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "metadata_agreement_within_1_frame": sum(1 for a, b in frame_pairs if abs(a - b) <= 1),
         "metadata_compared": len(frame_pairs),
         "late_from_sessions": knee.get("late_from_sessions"),
+        "stages_ms": stage_breakdown(reports),
     }
+
+
+def stage_breakdown(reports: list[CallReport]) -> dict[str, dict[str, float]]:
+    """Mean and percentiles of every stage of the frames' audio->frame latency, over all sessions."""
+    names = [*PATH_STAGES, "render", "outside"]
+    out = {}
+    for name in names:
+        values = [v for r in reports for v in r.stages_ms.get(name, [])]
+        if values:
+            out[name] = {"mean": round(float(np.mean(values)), 2), **percentiles(values)}
+    return out
+
+
+def format_stages(stages: dict[str, dict[str, float]]) -> list[str]:
+    if not stages:
+        return []
+    labels = {
+        "buffer": "jitter buffer (wait of pulled audio)",
+        "lookahead": "lookahead delay (mel window)",
+        "produce_late": "tick produced after due",
+        "budget": "render budget (due -> leaves)",
+        "render": "  of it: queue + render",
+        "compose": "compose (paste, to VideoFrame)",
+        "outside": "outside: net, codecs, jitter bufs",
+    }
+    lines = [f"  where a frame's audio->frame ms go:{'mean':>6}{'p50':>10}{'p95':>10}{'p99':>10}"]
+    for name, p in stages.items():
+        cells = "".join(f"{p.get(k, float('nan')):>10.1f}" for k in ("p50", "p95", "p99"))
+        lines.append(f"    {labels.get(name, name):<36}{p['mean']:>6.1f}{cells}")
+    return lines
 
 
 def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
@@ -244,6 +275,7 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  fps: min {s['fps_min']:.2f}, mean {s['fps_mean']:.2f}; gaps > 60 ms: {s['frame_gaps']};"
         f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
+        *format_stages(s.get("stages_ms") or {}),
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"
         f" frame on {s['metadata_agreement_within_1_frame']}/{s['metadata_compared']}",
     ]

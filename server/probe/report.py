@@ -58,6 +58,9 @@ class CallReport:
     audio_gaps: int
     audio_delay_ms: list[float] = field(default_factory=list)  # input -> output, per received chunk
     frame_latency_ms: list[float] = field(default_factory=list)  # per frame: its audio sent -> it arrived
+    # Per frame with audio, where that frame latency went: the server's stages from its metadata and
+    # "outside" (the rest: client packetisation, network both ways, receive jitter buffers, decoders, encode).
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
     bursts: list[BurstResult] = field(default_factory=list)
     started_at: float = 0.0  # first frame's arrival (monotonic s)
     sent_started_at: float = 0.0  # when the first audio packet left
@@ -68,6 +71,7 @@ class CallReport:
         out.pop("frame_arrivals")
         for key in ("audio_delay_ms", "frame_latency_ms"):
             out[key] = summarize(getattr(self, key))
+        out["stages_ms"] = {name: summarize(values) for name, values in self.stages_ms.items()}
         return out
 
 
@@ -114,6 +118,7 @@ def analyse(recording: CallRecording) -> CallReport:
 
     # Per frame: when its audio left the client (metadata) -> when it arrived.
     frame_latency = []
+    stages: dict[str, list[float]] = {}
     open_by_frame = {}
     for i, number in enumerate(numbers):
         m = meta.get(int(number))
@@ -124,6 +129,7 @@ def analyse(recording: CallRecording) -> CallReport:
             sent_at = analysis.sent_time(recording, round(m["audio_ms"] * 48) - OPUS_DELAY_SAMPLES)
             if sent_at is not None:
                 frame_latency.append((arrivals[i] - sent_at) * 1000.0)
+                add_stages(stages, m.get("stages_ms") or {}, frame_latency[-1])
 
     motion = analysis.mouth_motion(recording) if recording.video.regions else np.zeros(0)
     silent = np.asarray([not open_by_frame.get(int(n), True) for n in numbers], dtype=bool)
@@ -169,11 +175,29 @@ def analyse(recording: CallRecording) -> CallReport:
         audio_gaps=int((audio_gaps > AUDIO_GAP_MS).sum()),
         audio_delay_ms=[float(v) for v in analysis.audio_delays_ms(recording, lag)],
         frame_latency_ms=frame_latency,
+        stages_ms=stages,
         bursts=results,
         started_at=float(arrivals[0]) if len(arrivals) else 0.0,
         sent_started_at=recording.source.sent_at[0] if recording.source.sent_at else 0.0,
         frame_arrivals=[float(a) for a in arrivals],
     )
+
+
+# The server stages that lie on a frame's audio path (in order), from the metadata's stages_ms.
+PATH_STAGES = ("buffer", "lookahead", "produce_late", "budget", "compose")
+
+
+def add_stages(stages: dict[str, list[float]], frame_stages: dict[str, float], latency_ms: float) -> None:
+    """Record one frame's path stages and the rest of its latency ("outside" the server)."""
+    if "lookahead" not in frame_stages:  # an older server: no breakdown
+        return
+    inside = 0.0
+    for name in (*PATH_STAGES, "render"):
+        if name in frame_stages:
+            value = float(frame_stages[name])
+            stages.setdefault(name, []).append(value)
+            inside += value if name in PATH_STAGES else 0.0  # render runs inside the budget
+    stages.setdefault("outside", []).append(latency_ms - inside)
 
 
 def _meta_onset(

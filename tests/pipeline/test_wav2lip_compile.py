@@ -42,7 +42,7 @@ def items(avatar: Avatar, count: int, seed: int = 0) -> list[RenderItem]:
     return [RenderItem(avatar.name, i % avatar.frame_count, mel_window(seed + i)) for i in range(count)]
 
 
-# -- key and manifest ----------------------------------------------------------------------------------------
+# -- key and manifest ---------------------------------------------------------------------------------------
 
 
 def test_key_digest_follows_every_field() -> None:
@@ -91,7 +91,7 @@ def test_resolve_compile_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
         resolve_compile("maybe", cpu)
 
 
-# -- the backend with a stand-in compiler (CPU) ---------------------------------------------------------------
+# -- the backend with a stand-in compiler (CPU) --------------------------------------------------------------
 
 
 class StandInCompiler:
@@ -172,7 +172,7 @@ def test_failed_compile_falls_back_to_eager(
     assert_same(backend.render(items(avatar, 1)), plain.render(items(avatar, 1)))
 
 
-# -- the real torch.compile on CUDA ---------------------------------------------------------------------------
+# -- the real torch.compile on CUDA --------------------------------------------------------------------------
 
 
 def level_diff(got: list[RenderedPatch], want: list[RenderedPatch]) -> tuple[int, float]:
@@ -192,7 +192,9 @@ def test_compiled_render_matches_eager_fp32(
     sizes = (1, 4)
     compiled = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, compile_cache=cache)
     eager16 = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)
-    eager32 = Wav2LipBackend(weights, device="cuda", dtype=torch.float32, batch_sizes=sizes, cuda_graphs=False)
+    eager32 = Wav2LipBackend(
+        weights, device="cuda", dtype=torch.float32, batch_sizes=sizes, cuda_graphs=False
+    )
     for b in (compiled, eager16, eager32):
         b.add_avatar(avatar)
     for count in sizes:
@@ -205,3 +207,27 @@ def test_compiled_render_matches_eager_fp32(
         assert_same(compiled.render(batch), got)  # replays are deterministic
     assert compiled.compiled is not None, "torch.compile fell back to eager"
     assert cache.status(compiled.compiled.key).built_sizes == sizes
+
+
+def test_dynamo_traces_the_network_as_one_graph(
+    tmp_path: Path, weights: dict[str, torch.Tensor], avatar: Avatar
+) -> None:
+    """The real dynamo front end (fullgraph: no graph break) with aot_eager instead of Inductor, which
+    would take minutes on a CPU: what Inductor gets on CUDA is this graph."""
+
+    def trace_only(fn: Callable[..., torch.Tensor], **options: Any) -> Callable[..., torch.Tensor]:
+        return torch.compile(
+            fn, backend="aot_eager", dynamic=options["dynamic"], fullgraph=options["fullgraph"]
+        )
+
+    torch._dynamo.reset()
+    backend = Wav2LipBackend(
+        weights, batch_sizes=(1, 2), compile_cache=CompileCache(tmp_path), compiler=trace_only
+    )
+    plain = Wav2LipBackend(weights, batch_sizes=(1, 2))
+    for b in (backend, plain):
+        b.add_avatar(avatar)
+    for count in (2, 1):
+        got, want = backend.render(items(avatar, count)), plain.render(items(avatar, count))
+        assert level_diff(got, want)[0] <= 1
+    assert backend.compiled is not None  # no fallback: traced without a graph break

@@ -91,3 +91,15 @@ def test_partial_blocks_are_split_exactly() -> None:
     np.testing.assert_array_equal(np.concatenate([a.samples, b.samples]), ramp(0, 3000))
     assert (a.input_pos, b.input_pos) == (0, 1500)
     assert b.speech
+
+
+def test_pulled_audio_says_how_long_it_waited() -> None:
+    now = [10.0]
+    buf = InputAudioBuffer(RATE, target_ms=40, clock=lambda: now[0])
+    buf.push(ramp(0), speech=True)
+    now[0] += 0.020
+    buf.push(ramp(BLOCK), speech=True)
+    now[0] += 0.005
+    out = buf.pull(TICK)
+    assert out.input_pos == 0 and out.waited_ms == pytest.approx(25.0)  # its first sample came 25 ms ago
+    assert buf.pull(TICK).waited_ms is None  # dry: filler has no wait

@@ -45,10 +45,18 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path) -
     # Paced by the clock (a busy machine may skip a frame; half or double the rate is a bug), all the audio.
     assert 20 <= result.fps <= 26 and result.audio_returned >= 0.99, result
 
+    # The stage breakdown adds up to the frame latency (the rest is "outside" the server) and names the fixed
+    # delays: the built-in backend's lookahead and the default 40 ms render budget.
+    stages = result.stages_ms
+    assert {"buffer", "lookahead", "budget", "compose", "outside"} <= set(stages)
+    assert len(stages["outside"]) == len(result.frame_latency_ms)
+    assert all(v == stages["lookahead"][0] for v in stages["lookahead"]) and stages["budget"][0] == 40.0
+    assert 0 <= float(np.median(stages["buffer"])) < 200 and float(np.median(stages["outside"])) > 0
     summary = cli.summary([result], cli.late_knee([result]))
+    assert set(summary["stages_ms"]) >= {"buffer", "outside"}
     assert summary["metadata_agreement_within_1_frame"] == summary["metadata_compared"] == len(result.bursts)
     text = cli.format_summary(url, summary, 0)
-    assert "audio in -> mouth moves" in text and "p95" in text
+    assert "audio in -> mouth moves" in text and "p95" in text and "jitter buffer" in text
     json.dumps({"summary": summary, "session": result.to_json()})
     png = tmp_path / "probe.png"
     write_png(png, [result], "test")
