@@ -138,6 +138,7 @@ def create_backend(
     batch_sizes: Sequence[int] = (),
     wav2lip_alignment: str = "inference",
     compile_cache_dir: Path | None = None,
+    compile_mode: str | None = None,
 ) -> LipSyncBackend:
     """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation).
     ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`)."""
@@ -154,11 +155,16 @@ def create_backend(
         from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT
 
         offset = TRAINING_ALIGNMENT if wav2lip_alignment == "training" else INFERENCE_ALIGNMENT
-        from pipeline.wav2lip.compile_cache import CompileCache
+        from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
 
         sizes = tuple(batch_sizes) or default_batch_sizes(device)
         cache = None if compile_cache_dir is None else CompileCache(compile_cache_dir)
         return Wav2LipBackend(
-            checkpoint, device=device, batch_sizes=sizes, window_offset_frames=offset, compile_cache=cache
+            checkpoint,
+            device=device,
+            batch_sizes=sizes,
+            window_offset_frames=offset,
+            compile_cache=cache,
+            compile_mode=compile_mode or COMPILE_MODE,
         )
     raise ValueError(f"unknown backend {name!r}")

@@ -89,6 +89,7 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         batch_sizes=settings.batch_sizes,
         wav2lip_alignment=settings.wav2lip_alignment,
         compile_cache_dir=compile_cache_dir,
+        compile_mode=settings.wav2lip_compile_mode,
     )
     avatars = load_avatars(settings)
     engine = RenderEngine(

@@ -59,6 +59,7 @@ class Settings:
     # torch.compile of Wav2Lip's network per bucket: auto = on CUDA with Triton, off on a CPU
     wav2lip_compile: str = "auto"
     compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
+    wav2lip_compile_mode: str = "max-autotune-no-cudagraphs"  # or "default" (no autotuning: builds faster)
     # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
     # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
     jitter_buffer_ms: float | None = 60.0
@@ -119,6 +120,8 @@ class Settings:
             problems.append("wav2lip_alignment must be 'inference' or 'training'")
         if self.wav2lip_compile not in ("auto", "on", "off"):
             problems.append("wav2lip_compile must be auto, on or off")
+        if self.wav2lip_compile_mode not in ("max-autotune-no-cudagraphs", "default"):
+            problems.append("wav2lip_compile_mode must be max-autotune-no-cudagraphs or default")
         if self.batch_sizes and min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")
         if self.max_upload_mb <= 0 or self.max_upload_duration_s <= 0:
@@ -232,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile Wav2Lip's kernels per batch size: auto (default) on CUDA with Triton, off on a"
         " CPU; the first build takes minutes, later starts load them from the compile cache"
         " (env LIPCAST_WAV2LIP_COMPILE)",
+    )
+    p.add_argument(
+        "--wav2lip-compile-mode",
+        choices=("max-autotune-no-cudagraphs", "default"),
+        help="torch.compile mode: max-autotune-no-cudagraphs (default; autotunes the convolutions) or"
+        " default (fusion only, builds faster) (env LIPCAST_WAV2LIP_COMPILE_MODE)",
     )
     p.add_argument(
         "--compile-cache-dir",

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 MAX_LEVEL_DIFF = 8
 MAX_MEAN_LEVEL_DIFF = 0.5
 CHECK_ITEMS = 8
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")  # as pipeline.wav2lip.compile_cache (no torch here)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -95,7 +96,13 @@ def build(args: argparse.Namespace) -> int:
     cache = CompileCache(args.compile_cache_dir or default_cache_root())
     started_s = time.perf_counter()
     try:
-        backend = Wav2LipBackend(args.checkpoint, device=device, batch_sizes=sizes, compile_cache=cache)
+        backend = Wav2LipBackend(
+            args.checkpoint,
+            device=device,
+            batch_sizes=sizes,
+            compile_cache=cache,
+            compile_mode=args.compile_mode,
+        )
     except (OSError, CheckpointError) as e:
         print(f"lipcast engine build: {e}", file=sys.stderr)
         return 2
@@ -154,5 +161,8 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--batch-sizes", type=_sizes, help="engine batch buckets (default: per device)")
     p.add_argument("--compile-cache-dir", type=Path, help="default ~/.cache/lipcast/compile")
+    p.add_argument(
+        "--compile-mode", choices=COMPILE_MODES, default=COMPILE_MODES[0], help="torch.compile mode"
+    )
     p.add_argument("--json", type=Path, help="write the build times and the check here")
     p.set_defaults(handler=build)

@@ -68,11 +68,22 @@ def bench_model(args: argparse.Namespace) -> int:
     from pipeline.wav2lip.bench import benchmark_model
 
     device = resolve_device(args.device)
-    rows = benchmark_model(device, args.batch_sizes or (1, 8, 32, 128), iters=args.iters)
-    print(f"{'config':<18}{'dtype':<10}{'batch':>6}{'ms':>10}{'frames/s':>12}")
+    cache = None
+    if args.compile == "on":
+        from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root
+
+        cache = CompileCache(args.compile_cache_dir or default_cache_root())
+    rows = benchmark_model(
+        device,
+        args.batch_sizes or (1, 8, 32, 128),
+        iters=args.iters,
+        compile_cache=cache,
+        compile_mode=args.compile_mode,
+    )
+    print(f"{'config':<24}{'dtype':<10}{'batch':>6}{'ms':>10}{'frames/s':>12}")
     for row in rows:
         print(
-            f"{row['config']:<18}{row['dtype']:<10}{row['batch_size']:>6}"
+            f"{row['config']:<24}{row['dtype']:<10}{row['batch_size']:>6}"
             f"{row['latency_ms']:>10.3f}{row['frames_per_s']:>12.0f}"
         )
     _write_json(args.json, {"device": device_report(device), "rows": rows})
@@ -144,6 +155,15 @@ def add_commands(commands: Any) -> None:
     model.add_argument("--batch-sizes", type=_sizes)
     model.add_argument("--iters", type=int, default=20)
     model.add_argument("--json", type=Path)
+    model.add_argument(
+        "--compile", choices=("on", "off"), default="off", help="also time the compiled kernels (CUDA)"
+    )
+    model.add_argument(
+        "--compile-mode",
+        default="max-autotune-no-cudagraphs",
+        choices=("max-autotune-no-cudagraphs", "default"),
+    )
+    model.add_argument("--compile-cache-dir", type=Path, help="default ~/.cache/lipcast/compile")
     model.set_defaults(handler=bench_model)
 
     engine = which.add_parser("engine", help="how many simulated 25 fps sessions the engine keeps on time")

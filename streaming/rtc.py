@@ -1,9 +1,15 @@
 """Small, deliberate adjustments to aiortc: receive latency, and which addresses ICE offers.
 
 aiortc's audio receiver holds 4 Opus packets (about 80 ms) in its jitter buffer before it decodes the first
-one. lipcast has its own inbound jitter buffer (:mod:`streaming.audio_buffer`) sized in milliseconds, so the
-receiver's is reduced to the minimum (one packet of look-behind for reordering). This reaches into a private
-attribute; if a future aiortc renames it the function logs and leaves the receiver as it is.
+one, and even with no prefetch it releases a packet only when the next one arrives (it learns that a frame is
+complete from the next frame's timestamp): 20 ms more. An Opus packet is a whole frame, so lipcast's audio
+receivers release each packet as soon as it is next in sequence (:class:`PacketJitterBuffer`); lipcast's own
+inbound jitter buffer (:mod:`streaming.audio_buffer`), sized in milliseconds, absorbs the jitter. Order and
+loss handling stay aiortc's (a gap holds later packets until it fills or the ring overflows).
+Video the same way: aiortc holds each frame until the next frame's first packet (40 ms at 25 fps) where a
+browser decodes it on its last packet (RTP marker bit); :class:`MarkerJitterBuffer` does what the browser
+does, for the probe's receiver (``video=True``). These reach into a private attribute; if a future aiortc
+renames it the function logs and leaves the receiver as it is.
 """
 
 from __future__ import annotations
@@ -16,27 +22,66 @@ from typing import Any
 import aioice.ice
 import aiortc.rtcrtpsender
 from aiortc import RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 
 logger = logging.getLogger(__name__)
 
 AUDIO_JITTER_CAPACITY_PACKETS = 16  # aiortc's own value (a power of two)
-AUDIO_PREFETCH_PACKETS = 1
+VIDEO_JITTER_CAPACITY_PACKETS = 512  # aiortc's own value
 _ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
 
 
-def tune_receiver_latency(receiver: RTCRtpReceiver) -> bool:
-    """Shrink an audio receiver's prefetch; returns whether it was applied."""
-    if getattr(receiver, "_RTCRtpReceiver__kind", None) != "audio":
+class PacketJitterBuffer(JitterBuffer):
+    """Audio: the packet at the head of the sequence is a whole frame; released as soon as it is there."""
+
+    def __init__(self, capacity: int = AUDIO_JITTER_CAPACITY_PACKETS) -> None:
+        super().__init__(capacity=capacity)
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        if self._origin is None:
+            return None
+        packet = self._packets[self._origin % self._capacity]
+        if packet is None:
+            return None
+        self.remove(1)
+        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+class MarkerJitterBuffer(JitterBuffer):
+    """Video: the frame at the head is released on its marker-bit packet (its last), contiguous from the head;
+    a frame whose marker packet was lost is released when the next frame starts, as aiortc does."""
+
+    def __init__(self, capacity: int = VIDEO_JITTER_CAPACITY_PACKETS) -> None:
+        super().__init__(capacity=capacity, is_video=True)
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        if self._origin is None:
+            return None
+        packets: list[Any] = []
+        for count in range(self._capacity):
+            packet = self._packets[(self._origin + count) % self._capacity]
+            if packet is None:
+                return None
+            if packets and packet.timestamp != packets[0].timestamp:
+                self.remove(count)
+                return JitterFrame(b"".join(p._data for p in packets), packets[0].timestamp)
+            packets.append(packet)
+            if packet.marker:
+                self.remove(count + 1)
+                return JitterFrame(b"".join(p._data for p in packets), packet.timestamp)
+        return None
+
+
+def tune_receiver_latency(receiver: RTCRtpReceiver, *, video: bool = False) -> bool:
+    """Audio receivers release each packet at once; with ``video`` video receivers release a frame on its
+    marker bit. Returns whether the receiver was changed."""
+    kind = getattr(receiver, "_RTCRtpReceiver__kind", None)
+    if kind not in ("audio", "video") or (kind == "video" and not video):
         return False
     if not isinstance(getattr(receiver, _ATTRIBUTE, None), JitterBuffer):
-        logger.warning("aiortc internals changed: audio receive latency not tuned")
+        logger.warning("aiortc internals changed: %s receive latency not tuned", kind)
         return False
-    setattr(
-        receiver,
-        _ATTRIBUTE,
-        JitterBuffer(capacity=AUDIO_JITTER_CAPACITY_PACKETS, prefetch=AUDIO_PREFETCH_PACKETS),
-    )
+    setattr(receiver, _ATTRIBUTE, PacketJitterBuffer() if kind == "audio" else MarkerJitterBuffer())
     return True
 
 

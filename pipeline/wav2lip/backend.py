@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from pipeline.avatar import Avatar, UnknownAvatarError
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.wav2lip.checkpoint import load_wav2lip
-from pipeline.wav2lip.compile_cache import CompileCache, environment_key
+from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache, environment_key
 from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import (
@@ -119,6 +119,7 @@ class Wav2LipBackend:
         cuda_graphs: bool = True,
         check_fp16_range: bool = True,
         compile_cache: CompileCache | None = None,
+        compile_mode: str = COMPILE_MODE,
         compiler: Compiler | None = None,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
@@ -158,6 +159,7 @@ class Wav2LipBackend:
         self._canvas_hw = (0, 0)
         self._buckets: dict[int, _Bucket] = {}
         self._compile_cache = compile_cache
+        self.compile_mode = compile_mode
         self._compiler = compiler
         self.compiled: CompiledDecoder | None = None
         self._new_compiled()
@@ -242,7 +244,7 @@ class Wav2LipBackend:
         if self._compile_cache is None:
             self.compiled = None
             return
-        key = environment_key(self.device, self.dtype)
+        key = environment_key(self.device, self.dtype, self.compile_mode)
         self.compiled = CompiledDecoder(
             self.model, key, self._compile_cache, self.batch_sizes, compiler=self._compiler
         )

@@ -18,6 +18,7 @@ import torch
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderItem
 from pipeline.wav2lip.backend import Wav2LipBackend
+from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
 
@@ -74,6 +75,8 @@ def benchmark_model(
     device: str | torch.device = "cpu",
     batch_sizes: Sequence[int] = (1, 8, 32, 128),
     iters: int = 10,
+    compile_cache: CompileCache | None = None,
+    compile_mode: str = COMPILE_MODE,
 ) -> list[dict[str, Any]]:
     """Time the model per batch size in three configurations; one dict per (config, batch size).
 
@@ -82,7 +85,9 @@ def benchmark_model(
     * ``cached_decode``: the BN-folded model's audio encoder and decoder on cached face features, eager,
       in the engine's dtype and memory format;
     * ``engine_render``: :meth:`Wav2LipBackend.render` (folded BN, cached features, on-device paste,
-      host round trip; fp16, channels_last and CUDA graphs on CUDA) with a 256x256 face box.
+      host round trip; fp16, channels_last and CUDA graphs on CUDA) with a 256x256 face box;
+    * ``engine_render_compiled`` (with ``compile_cache``): the same with the compiled kernels
+      (:mod:`.compiled`; the first render of a size builds or loads them, before the timing).
 
     Keys: config, device, dtype, batch_size, latency_ms, frames_per_s.
     """
@@ -118,4 +123,28 @@ def benchmark_model(
         ]
         ms = _time_ms(partial(backend.render, items), device, iters)
         rows.append(_row("engine_render", device, backend.dtype, batch, ms))
+    if compile_cache is not None:
+        compiled = Wav2LipBackend(
+            None,
+            device=device,
+            batch_sizes=batch_sizes,
+            compile_cache=compile_cache,
+            compile_mode=compile_mode,
+        )
+        compiled.add_avatar(avatar)
+        for batch in batch_sizes:
+            items = [
+                RenderItem(
+                    avatar.name,
+                    i % avatar.frame_count,
+                    rng.uniform(-4, 4, CONDITIONING_SHAPE).astype(np.float32),
+                )
+                for i in range(batch)
+            ]
+            compiled.render(items)  # builds (or loads) the kernels and captures the graph
+            ms = _time_ms(partial(compiled.render, items), device, iters)
+            config = (
+                "engine_render_compiled" if compiled.compiled is not None else "engine_render_compile_failed"
+            )
+            rows.append(_row(config, device, compiled.dtype, batch, ms))
     return rows

@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="spread the sessions' clients over this many processes (one Python process holds ~10 calls)",
     )
     p.add_argument("--json", type=Path, help="write the full results here")
+    p.add_argument(
+        "--video-release",
+        choices=("aiortc", "marker"),
+        default="aiortc",
+        help="when the probe's receiver hands a video frame to its decoder: aiortc's way (at the next frame's"
+        " first packet, 40 ms later) or a browser's (on the frame's last packet, the RTP marker bit)",
+    )
     p.add_argument("--png", type=Path, help="write the latency histogram and timeline here")
     p.add_argument("--max-mouth-latency-p95-ms", type=float)
     p.add_argument("--max-av-offset-p95-ms", type=float, help="limit on |A/V offset| p95")
@@ -98,13 +105,18 @@ def server_cpu(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> 
 
 
 async def run_sessions(
-    url: str, audio: npt.NDArray[np.int16], sessions: int, ramp_s: float, avatar: str | None
+    url: str,
+    audio: npt.NDArray[np.int16],
+    sessions: int,
+    ramp_s: float,
+    avatar: str | None,
+    video_release: str = "aiortc",
 ) -> tuple[list[CallReport | BaseException], dict[str, float]]:
     async with aiohttp.ClientSession() as http:
 
         async def one(i: int) -> CallReport:
             await asyncio.sleep(ramp_s * i / max(1, sessions))
-            recording = await call(url, audio, avatar=avatar, http=http)
+            recording = await call(url, audio, avatar=avatar, http=http, video_release=video_release)
             return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
 
         before, t0 = await server_health(http, url), time.monotonic()
@@ -232,7 +244,7 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
 
 def stage_breakdown(reports: list[CallReport]) -> dict[str, dict[str, float]]:
     """Mean and percentiles of every stage of the frames' audio->frame latency, over all sessions."""
-    names = [*PATH_STAGES, "render", "outside"]
+    names = ("buffer", "lookahead", "produce_late", "budget", "render", "compose", "outside")
     out = {}
     for name in names:
         values = [v for r in reports for v in r.stages_ms.get(name, [])]
@@ -338,7 +350,9 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     else:
-        results, cpu = asyncio.run(run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar))
+        results, cpu = asyncio.run(
+            run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar, args.video_release)
+        )
     reports = [r for r in results if isinstance(r, CallReport)]
     errors = [r for r in results if not isinstance(r, CallReport)]
     for error in errors:

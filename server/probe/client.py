@@ -46,8 +46,12 @@ async def call(
     tail_s: float = 1.0,
     connect_timeout_s: float = 15.0,
     http: aiohttp.ClientSession | None = None,
+    video_release: str = "aiortc",
 ) -> CallRecording:
-    """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer."""
+    """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer.
+
+    ``video_release``: ``aiortc`` holds each received video frame until the next frame's first packet (40 ms
+    at 25 fps, aiortc's own receiver); ``marker`` releases it on its last packet, as a browser does."""
     own_http = http is None
     http = http or aiohttp.ClientSession()
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -62,7 +66,7 @@ async def call(
         pc.addTrack(source)
         pc.addTransceiver("video", direction="recvonly")
         for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
-            tune_receiver_latency(transceiver.receiver)
+            tune_receiver_latency(transceiver.receiver, video=video_release == "marker")
         channel = pc.createDataChannel("meta")
 
         @channel.on("message")

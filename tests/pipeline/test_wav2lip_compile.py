@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,13 @@ from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.runtime import resolve_compile
 from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.compile_cache import MANIFEST_NAME, CompileCache, CompileKey, environment_key
+from pipeline.wav2lip.compile_cache import (
+    COMPILE_MODE,
+    MANIFEST_NAME,
+    CompileCache,
+    CompileKey,
+    environment_key,
+)
 from tests.pipeline.test_wav2lip_backend import make_avatar, mel_window
 
 KEY = CompileKey(gpu="NVIDIA H200", torch="2.11.0", cuda="13.0", triton="3.5.0", dtype="float16")
@@ -188,9 +195,13 @@ def test_compiled_render_matches_eager_fp32(
     0.5 on average (what fp16 storage between 50 layers costs; the eager fp16 graphs are held to the same
     in test_wav2lip_backend.py); against the eager fp16 graphs, same precision but other kernels and fusion
     order, at most 2 levels. A wrong kernel or layout moves whole regions by tens of levels."""
-    cache = CompileCache(tmp_path)
+    # A benchmark run may point the test at the cache `lipcast engine build` filled (and its mode).
+    cache = CompileCache(Path(os.environ.get("LIPCAST_COMPILE_CACHE_DIR") or tmp_path))
+    mode = os.environ.get("LIPCAST_WAV2LIP_COMPILE_MODE") or COMPILE_MODE
     sizes = (1, 4)
-    compiled = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, compile_cache=cache)
+    compiled = Wav2LipBackend(
+        weights, device="cuda", batch_sizes=sizes, compile_cache=cache, compile_mode=mode
+    )
     eager16 = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)
     eager32 = Wav2LipBackend(
         weights, device="cuda", dtype=torch.float32, batch_sizes=sizes, cuda_graphs=False

@@ -17,11 +17,12 @@ from server.probe.plot import write_png
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
 
 
-async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path) -> None:
+@pytest.mark.parametrize("video_release", ["aiortc", "marker"])
+async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path, video_release: str) -> None:
     client = await aiohttp_client(create_app(Settings()))
     url = str(client.make_url("")).rstrip("/")
     sent = burst_pattern(7.0, seed=3)
-    recording = await call(url, sent, tail_s=0.8, http=client.session)
+    recording = await call(url, sent, tail_s=0.8, http=client.session, video_release=video_release)
     result = report.analyse(recording)
 
     assert len(result.bursts) >= 3
