@@ -30,10 +30,10 @@ timeout 150 $PY -m server bench model --device $DEVICE --batch-sizes $SIZES --it
   --compile $COMPILE --compile-mode default --compile-cache-dir "$CACHE" \
   --json "$OUT/bench_model.json" 2>&1 | grep -v " INFO " | tail -14
 
-step "cold start to ready (wav2lip, compile on, warm cache, adaptive jitter buffer)"
+step "cold start to ready (wav2lip, compile on, warm cache), adaptive jitter buffer"
 $PY -c "import torch; from pipeline.wav2lip.model import Wav2Lip; torch.save({'state_dict': Wav2Lip().state_dict()}, '/tmp/w2l.pth')"
-serve_probe() {  # $1 tag, rest: extra serve flags
-  local tag=$1; shift
+serve_probe() {  # $1 tag, $2 probe video-release modes (comma-separated), rest: extra serve flags
+  local tag=$1 releases=$2; shift 2
   local t0 t1
   t0=$(date +%s.%N)
   timeout 150 $PY -m server serve --backend wav2lip --checkpoint /tmp/w2l.pth --device $DEVICE --port 8091 \
@@ -47,16 +47,23 @@ serve_probe() {  # $1 tag, rest: extra serve flags
   done
   t1=$(date +%s.%N)
   $PY -c "print(f'$tag: ready after {$t1 - $t0:.2f} s')" | tee -a "$OUT/ready.txt"
-  grep -E "render budget|compile cache|compiled kernels|fp16|another environment|torch.compile" \
-    "$OUT/serve_$tag.log" | cut -c1-220 | tail -8
-  timeout 60 $PY -m server probe http://127.0.0.1:8091 --ice-address 127.0.0.1 \
-    --json "$OUT/probe_$tag.json" 2>&1 | tail -22
+  grep -E "render budget|compile cache|compiled kernels|fp16|another environment|torch.compile|Error" \
+    "$OUT/serve_$tag.log" | cut -c1-200 | tail -6
+  for release in ${releases//,/ }; do
+    echo "--- probe $tag, video release $release"
+    timeout 60 $PY -m server probe http://127.0.0.1:8091 --ice-address 127.0.0.1 --video-release $release \
+      --json "$OUT/probe_${tag}_$release.json" 2>&1 | tail -20 | tee -a "$OUT/probes.txt"
+  done
   kill $server; wait $server 2>/dev/null
 }
-serve_probe adaptive --jitter-buffer-ms adaptive
-if [ "$(left)" -gt 200 ]; then
-  step "the same with the default fixed 60 ms jitter buffer"
-  serve_probe fixed60
+serve_probe adaptive aiortc,marker --jitter-buffer-ms adaptive
+if [ "$(left)" -gt 150 ]; then
+  step "fixed 60 ms jitter buffer (the default)"
+  serve_probe fixed60 aiortc
+fi
+if [ "$(left)" -gt 150 ]; then
+  step "training alignment (160 ms lookahead), adaptive jitter buffer"
+  serve_probe training marker --jitter-buffer-ms adaptive --wav2lip-alignment training
 fi
 
 if [ "$DEVICE" = cuda ] && [ "$(left)" -gt 60 ]; then
