@@ -21,7 +21,7 @@ import numpy.typing as npt
 from server.probe.client import call
 from server.probe.patterns import burst_pattern, load_audio
 from server.probe.plot import write_png
-from server.probe.report import PATH_STAGES, CallReport, analyse, percentiles
+from server.probe.report import CallReport, analyse, percentiles
 from streaming.rtc import restrict_host_addresses
 
 logger = logging.getLogger(__name__)
