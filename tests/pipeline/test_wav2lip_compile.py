@@ -217,7 +217,7 @@ def test_compiled_render_matches_eager_fp32(
         assert worst16 <= 2, (count, worst16)
         assert_same(compiled.render(batch), got)  # replays are deterministic
     assert compiled.compiled is not None, "torch.compile fell back to eager"
-    assert cache.status(compiled.compiled.key).built_sizes == sizes
+    assert set(sizes) <= set(cache.status(compiled.compiled.key).built_sizes)
 
 
 def test_dynamo_traces_the_network_as_one_graph(
