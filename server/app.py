@@ -78,9 +78,16 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
     configure_threads(settings.backend, device, settings.torch_threads)
     compile_cache_dir = None
     if settings.backend == "wav2lip" and resolve_compile(settings.wav2lip_compile, device):
-        from pipeline.wav2lip.compile_cache import default_cache_root
+        import torch
 
-        compile_cache_dir = settings.compile_cache_dir or default_cache_root()
+        from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root, environment_key
+
+        # auto: the compiled kernels when a build for this environment exists (no surprise minutes-long
+        # start); on: build what is missing at start.
+        root = settings.compile_cache_dir or default_cache_root()
+        key = environment_key(device, torch.float16, settings.wav2lip_compile_mode)
+        if settings.wav2lip_compile == "on" or CompileCache(root).has_build(key, settings.batch_sizes):
+            compile_cache_dir = root
     backend = create_backend(
         settings.backend,
         device,

@@ -56,10 +56,11 @@ class Settings:
     fps: int = 25
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
-    # torch.compile of Wav2Lip's network per bucket: auto = on CUDA with Triton, off on a CPU
+    # torch.compile of Wav2Lip's network per bucket: auto = on CUDA with Triton when a build exists, off on
+    # a CPU; on = also build at start
     wav2lip_compile: str = "auto"
     compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
-    wav2lip_compile_mode: str = "max-autotune-no-cudagraphs"  # or "default" (no autotuning: builds faster)
+    wav2lip_compile_mode: str = "default"  # or "max-autotune-no-cudagraphs" (autotunes: builds far longer)
     # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
     # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
     jitter_buffer_ms: float | None = 60.0
@@ -232,15 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wav2lip-compile",
         choices=("auto", "on", "off"),
-        help="torch.compile Wav2Lip's kernels per batch size: auto (default) on CUDA with Triton, off on a"
-        " CPU; the first build takes minutes, later starts load them from the compile cache"
+        help="torch.compile Wav2Lip's kernels per batch size: auto (default) uses them on CUDA when `lipcast"
+        " engine build` has built them, on also builds them at start, off never; a CPU renders eager"
         " (env LIPCAST_WAV2LIP_COMPILE)",
     )
     p.add_argument(
         "--wav2lip-compile-mode",
-        choices=("max-autotune-no-cudagraphs", "default"),
-        help="torch.compile mode: max-autotune-no-cudagraphs (default; autotunes the convolutions) or"
-        " default (fusion only, builds faster) (env LIPCAST_WAV2LIP_COMPILE_MODE)",
+        choices=("default", "max-autotune-no-cudagraphs"),
+        help="torch.compile mode: default (fusion, no autotuning) or max-autotune-no-cudagraphs (autotunes"
+        " every convolution; builds far longer) (env LIPCAST_WAV2LIP_COMPILE_MODE)",
     )
     p.add_argument(
         "--compile-cache-dir",

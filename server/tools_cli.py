@@ -160,8 +160,8 @@ def add_commands(commands: Any) -> None:
     )
     model.add_argument(
         "--compile-mode",
-        default="max-autotune-no-cudagraphs",
-        choices=("max-autotune-no-cudagraphs", "default"),
+        default="default",
+        choices=("default", "max-autotune-no-cudagraphs"),
     )
     model.add_argument("--compile-cache-dir", type=Path, help="default ~/.cache/lipcast/compile")
     model.set_defaults(handler=bench_model)

@@ -33,9 +33,11 @@ logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when what lipcast compiles (the graph's boundaries, options) changes
 MANIFEST_NAME = "manifest.json"
-COMPILE_MODE = "max-autotune-no-cudagraphs"  # lipcast captures its own CUDA graphs around the kernels
-# "default": Inductor's fusion without autotuning (builds in a fraction of the time)
-COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
+# "default": Inductor's fusion without autotuning: 45 s for 4 batch sizes on the H200. max-autotune (without
+# its CUDA graphs: lipcast captures its own around the kernels) autotunes every convolution: over a minute for
+# one batch-128 graph there, unfinished when the run ended; opt-in.
+COMPILE_MODE = "default"
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 def default_cache_root() -> Path:
@@ -146,6 +148,23 @@ class CompileCache:
             f"compile cache under {self.root} was built for another environment ({differs}): "
             "its kernels cannot be used here",
         )
+
+    def has_build(self, key: CompileKey, sizes: tuple[int, ...]) -> bool:
+        """Whether every one of ``sizes`` was built for ``key``; logs why not (one line)."""
+        status = self.status(key)
+        missing = status.missing(sizes)
+        if status.mismatch is not None:
+            logger.warning(
+                "%s; rendering with eager kernels (`lipcast engine build` builds anew)", status.mismatch
+            )
+        elif missing:
+            logger.info(
+                "no compiled kernels for batch sizes %s in %s: rendering with eager kernels (`lipcast engine"
+                " build` makes them once; --wav2lip-compile on builds them at start)",
+                ",".join(map(str, missing)),
+                status.directory,
+            )
+        return status.mismatch is None and not missing
 
     def record(self, key: CompileKey, sizes: tuple[int, ...], build_s: float | None = None) -> None:
         """Add ``sizes`` to the manifest of ``key`` (created if needed); written atomically."""

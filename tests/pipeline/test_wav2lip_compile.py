@@ -88,6 +88,21 @@ def test_status_hit_partial_and_mismatch(tmp_path: Path) -> None:
     assert cache.status(KEY).built_sizes == (1, 4)
 
 
+def test_has_build_needs_every_size_and_says_why_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = CompileCache(tmp_path)
+    with caplog.at_level(logging.INFO):
+        assert not cache.has_build(KEY, (1, 2))
+    assert "no compiled kernels for batch sizes 1,2" in caplog.text
+    cache.record(KEY, (1, 2, 4))
+    assert cache.has_build(KEY, (1, 2))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert not cache.has_build(replace(KEY, gpu="NVIDIA H100"), (1,))
+    assert "gpu NVIDIA H200 -> NVIDIA H100" in caplog.text
+
+
 def test_resolve_compile_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
     cpu = torch.device("cpu")
     assert resolve_compile("auto", cpu) is False and resolve_compile("off", cpu) is False
@@ -134,7 +149,7 @@ def test_backend_compiles_bucket_sizes_only(
     compiler = StandInCompiler()
     with caplog.at_level(logging.INFO):
         backend = Wav2LipBackend(weights, batch_sizes=(1, 2, 4), compile_cache=cache, compiler=compiler)
-    assert compiler.options == {"mode": "max-autotune-no-cudagraphs", "dynamic": False, "fullgraph": True}
+    assert compiler.options == {"mode": "default", "dynamic": False, "fullgraph": True}
     assert "batch sizes 1,2,4 not built yet" in caplog.text
     plain = Wav2LipBackend(weights, batch_sizes=(1, 2, 4))
     for b in (backend, plain):
