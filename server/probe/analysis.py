@@ -174,14 +174,19 @@ def burst_lags(
     around: int,
     *,
     search: int = RATE_HZ,
-    onset: int = RATE_HZ // 10,
+    onset: int = RATE_HZ // 25,
+    min_correlation: float = 0.7,
 ) -> list[tuple[int, float]]:
     """Where each burst begins in the received audio, as a lag (received index - sent index), with the
-    normalised correlation there: its first ``onset`` samples aligned within ``search`` of ``around`` (the
-    whole call's lag), and after the previous burst's end.
+    normalised correlation there.
 
-    The server's jitter buffer may remove silence (to bring latency back down) or play silence while it is
-    dry, so the lag differs from burst to burst, and may grow inside one: a burst's onset is its own.
+    A burst's first ``onset`` samples are looked for within ``search`` of ``around`` (the whole call's lag)
+    and after the previous burst's end: the *earliest* place where they correlate ``min_correlation`` or
+    better (then the best place within ``onset`` after it). Not simply the best place: speech repeats its
+    syllables, so later parts of the same burst may match as well, and the audio may have been split by a
+    dry jitter buffer after its first part. The server's jitter buffer may remove silence (to bring latency
+    back down) or play silence while it is dry, so the lag differs from burst to burst and may grow inside
+    one; a burst's onset is its own.
     """
     out: list[tuple[int, float]] = []
     earliest = 0
@@ -192,26 +197,28 @@ def burst_lags(
         if hi - lo < len(piece) or not piece.any():
             out.append((around, 0.0))
             continue
-        at, correlation = best_match(piece, received[lo:hi].astype(np.float64))
-        out.append((lo + at - burst.start, correlation))
+        scores = match_scores(piece, received[lo:hi].astype(np.float64))
+        good = np.flatnonzero(scores >= min_correlation)
+        first = int(good[0]) if len(good) else int(np.argmax(scores))
+        at = first + int(np.argmax(scores[first : first + len(piece)]))
+        out.append((lo + at - burst.start, float(scores[at])))
         earliest = lo + at + (burst.end - burst.start)
     return out
 
 
-def best_match(piece: FloatArray, within: FloatArray) -> tuple[int, float]:
-    """The offset in ``within`` where ``piece`` fits best by normalised cross-correlation, and its value
-    (windows holding less than 1/400 of the piece's energy are not candidates)."""
+def match_scores(piece: FloatArray, within: FloatArray) -> FloatArray:
+    """Normalised cross-correlation of ``piece`` with each window of ``within`` (0 for windows holding less
+    than 1/400 of the piece's energy: exact zeros from a dry jitter buffer would divide rounding noise by 0).
+    """
     n = 1 << int(np.ceil(np.log2(len(piece) + len(within))))
     corr = np.fft.irfft(np.fft.rfft(within, n) * np.conj(np.fft.rfft(piece, n)), n)
     positions = len(within) - len(piece) + 1
     energy = np.concatenate([[0.0], np.cumsum(within * within)])
     norms = np.sqrt(np.maximum(energy[len(piece) : len(piece) + positions] - energy[:positions], 0.0))
     reference = np.sqrt(np.sum(piece * piece))
-    # Near-silent windows (exact zeros from a dry jitter buffer) would divide rounding noise by ~0.
     audible = norms > 0.05 * reference
-    scores = np.where(audible, corr[:positions] / (reference * np.maximum(norms, 1e-9)), 0.0)
-    best = int(np.argmax(scores))
-    return best, float(scores[best])
+    scores: FloatArray = np.where(audible, corr[:positions] / (reference * np.maximum(norms, 1e-9)), 0.0)
+    return scores
 
 
 def returned_by_burst(
