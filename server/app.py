@@ -11,18 +11,18 @@ from pathlib import Path
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
-from pipeline.engine import WARMUP_TIMED_RENDERS, RenderEngine
+from pipeline.defaults import default_batch_sizes, default_render_budget_ms
+from pipeline.engine import RenderEngine
 from pipeline.registry import AvatarRegistry
 from pipeline.runtime import (
     configure_threads,
     create_backend,
-    default_batch_sizes,
-    default_render_budget_ms,
     device_report,
     measured_render_budget_ms,
     render_niceness,
     resolve_device,
 )
+from pipeline.warmup import WARMUP_TIMED_RENDERS
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
+from pipeline.defaults import (
+    BACKENDS,
+    CPU_WAV2LIP_RENDER_BUDGET_MS,
+    DEFAULT_BACKEND,
+    RENDER_BUDGET_MS,
+    WAV2LIP,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "LIPCAST_"
-BACKENDS = ("builtin", "wav2lip")
 RENDER_PLACES = ("auto", "engine", "worker")
 
 
@@ -48,7 +54,7 @@ class Settings:
     ice_servers: tuple[IceServer, ...] = ()
     ice_addresses: tuple[str, ...] = ()  # empty: every interface's addresses
     max_sessions: int = 4
-    backend: str = "builtin"
+    backend: str = DEFAULT_BACKEND
     checkpoint: Path | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     avatar: str = DEFAULT_AVATAR
@@ -100,7 +106,7 @@ class Settings:
             problems.append("max_sessions must be at least 1")
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {', '.join(BACKENDS)}")
-        if self.backend == "wav2lip" and self.checkpoint is None:
+        if self.backend == WAV2LIP and self.checkpoint is None:
             problems.append("--backend wav2lip needs --checkpoint PATH (the project ships no weights)")
         if self.fps not in (25,):
             problems.append("fps must be 25 (the lip-sync models' frame rate)")
@@ -207,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--render-budget-ms",
         type=float,
         help="time a frame may take to render before it is replaced; without it: derived from the engine's"
-        " measured warm-up time on CUDA, 40 ms (400 ms for wav2lip) on a CPU (env LIPCAST_RENDER_BUDGET_MS)",
+        f" measured warm-up time on CUDA, {RENDER_BUDGET_MS:g} ms"
+        f" ({CPU_WAV2LIP_RENDER_BUDGET_MS:g} ms for wav2lip) on a CPU (env LIPCAST_RENDER_BUDGET_MS)",
     )
     p.add_argument(
         "--vad-aggressiveness",

@@ -20,7 +20,6 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
-from pipeline.runtime import RENDER_BUDGET_MS
 from server.capacity import RETRY_AFTER_S, CapacityGate
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
@@ -165,6 +164,10 @@ class SessionManager:
         avatars: Mapping[str, Avatar],
         clock: Clock | None = None,
     ) -> None:
+        if settings.render_budget_ms is None:
+            # One place decides the default (it depends on the device): build_runtime, before this.
+            raise ValueError("render_budget_ms is resolved at startup (server.app.build_runtime)")
+        self.render_budget_ms = settings.render_budget_ms
         self.settings = settings
         self.backend = backend
         self.renderer = renderer
@@ -303,7 +306,7 @@ class SessionManager:
             buffer,
             self.clock,
             fps=settings.fps,
-            render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
+            render_budget_ms=self.render_budget_ms,
             crossfade_frames=self.backend.crossfade_frames,
             new_featurizer=self.backend.new_featurizer,
         )

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from pipeline.avatar import Avatar
 from pipeline.backend import Featurizer, RenderedPatch, RenderItem
+from pipeline.defaults import RENDER_BUDGET_MS
 from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ, FrameGrid
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.clock import Clock, FrameTimeline
@@ -103,7 +104,7 @@ class AvatarStream:
         clock: Clock,
         *,
         fps: int = 25,
-        render_budget_ms: float = 40.0,
+        render_budget_ms: float = RENDER_BUDGET_MS,
         capacity_ms: float = 2000.0,
         crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -38,6 +37,8 @@ import torch.nn.functional as F
 
 from pipeline.avatar import Avatar, UnknownAvatarError
 from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.defaults import default_batch_sizes
+from pipeline.warmup import time_batch_sizes
 from pipeline.wav2lip.checkpoint import load_wav2lip
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import (
@@ -59,7 +60,6 @@ from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 FACE_ENCODE_BATCH = 32  # avatar frames per face-encoder call in add_avatar
 CANVAS_MULTIPLE_PX = 8
 CAPTURE_WARMUP_ITERS = 3  # eager runs on the capture stream before a graph capture (cuDNN autotuning)
@@ -104,7 +104,7 @@ class Wav2LipBackend:
         *,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
-        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        batch_sizes: Sequence[int] | None = None,
         face_pads: Sequence[int] = DEFAULT_FACE_PADS,
         fps: int = 25,
         window_offset_frames: int = INFERENCE_ALIGNMENT,
@@ -122,7 +122,7 @@ class Wav2LipBackend:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.float16 if self._cuda else torch.float32)
-        self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self.batch_sizes = tuple(sorted(set(batch_sizes or default_batch_sizes(self.device))))
         self.face_pads = tuple(face_pads)
         self.fps = fps
         self.window_offset_frames = window_offset_frames
@@ -387,13 +387,7 @@ class Wav2LipBackend:
             raise RuntimeError("add an avatar before warming up the wav2lip backend")
         name, entry = next(iter(self._avatars.items()))
         silence = np.full(CONDITIONING_SHAPE, -4.0, dtype=np.float32)
-        timings: dict[int, float] = {}
-        for size in self.batch_sizes:
-            items = [RenderItem(name, i % entry.count, silence) for i in range(size)]
-            self.render(items)
-            start_s = time.perf_counter()
-            self.render(items)
-            timings[size] = (time.perf_counter() - start_s) * 1000.0
+        timings = time_batch_sizes(self.render, name, entry.count, silence, self.batch_sizes, repeats=1)
         logger.info("wav2lip warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
         return timings
 

@@ -25,6 +25,7 @@ BENCH_FRAME_SIZE_PX = 512  # synthetic avatar frames, square
 BENCH_FACE_BOX = (128, 96, 384, 352)  # x1, y1, x2, y2: a 256x256 face
 BENCH_AVATAR_FRAMES = 8
 WARMUP_ITERS = 3
+MODEL_BATCH_SIZES = (1, 8, 32, 128)  # benchmark_model's default sizes
 
 
 def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, seed: int = 0) -> Avatar:
@@ -72,7 +73,7 @@ def _row(config: str, device: torch.device, dtype: torch.dtype, batch: int, ms: 
 @torch.no_grad()
 def benchmark_model(
     device: str | torch.device = "cpu",
-    batch_sizes: Sequence[int] = (1, 8, 32, 128),
+    batch_sizes: Sequence[int] = MODEL_BATCH_SIZES,
     iters: int = 10,
 ) -> list[dict[str, Any]]:
     """Time the model per batch size in three configurations; one dict per (config, batch size).
