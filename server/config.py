@@ -21,6 +21,7 @@ from pipeline.defaults import (
     RENDER_BUDGET_MS,
     WAV2LIP,
 )
+from pipeline.timing import FPS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "LIPCAST_"
@@ -59,7 +60,7 @@ class Settings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     avatar: str = DEFAULT_AVATAR
     avatar_dirs: tuple[Path, ...] = (BUILTIN_AVATAR_DIR,)
-    fps: int = 25
+    fps: int = FPS
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
     # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
@@ -108,8 +109,8 @@ class Settings:
             problems.append(f"backend must be one of {', '.join(BACKENDS)}")
         if self.backend == WAV2LIP and self.checkpoint is None:
             problems.append("--backend wav2lip needs --checkpoint PATH (the project ships no weights)")
-        if self.fps not in (25,):
-            problems.append("fps must be 25 (the lip-sync models' frame rate)")
+        if self.fps != FPS:
+            problems.append(f"fps must be {FPS} (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
             problems.append("vad_aggressiveness must be 0..3")
         if (self.jitter_buffer_ms is not None and self.jitter_buffer_ms <= 0) or (

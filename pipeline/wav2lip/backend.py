@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from pipeline.avatar import Avatar, UnknownAvatarError
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.defaults import default_batch_sizes
+from pipeline.timing import FPS
 from pipeline.warmup import time_batch_sizes
 from pipeline.wav2lip.checkpoint import load_wav2lip
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
@@ -106,7 +107,7 @@ class Wav2LipBackend:
         dtype: torch.dtype | None = None,
         batch_sizes: Sequence[int] | None = None,
         face_pads: Sequence[int] = DEFAULT_FACE_PADS,
-        fps: int = 25,
+        fps: int = FPS,
         window_offset_frames: int = INFERENCE_ALIGNMENT,
         feather_px: float = DEFAULT_FEATHER_PX,
         mask_top_fraction: float = DEFAULT_MASK_TOP_FRACTION,

@@ -17,6 +17,7 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderItem
+from pipeline.timing import FPS
 from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
@@ -37,7 +38,7 @@ def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, see
     boxes = np.tile(np.array(BENCH_FACE_BOX, dtype=np.int32), (frames, 1))
     mouth = [x1 + 64, y2 - 60, x2 - 64, y2 - 60, y2 - 60, y2 - 10]
     mouths = np.tile(np.array(mouth, dtype=np.float32), (frames, 1))
-    return Avatar(name, 25, pixels, boxes, mouths)
+    return Avatar(name, FPS, pixels, boxes, mouths)
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device, iters: int) -> float:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, OPUS_PACKET_SAMPLES
 from server.probe.client import CallRecording
-from server.probe.media import PACKET_SAMPLES, RATE_HZ, ReceivedAudio
+from server.probe.media import ReceivedAudio
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -29,7 +30,7 @@ def detect_bursts(
     audio: npt.NDArray[np.int16], *, threshold_dbfs: float = -40.0, min_gap_ms: float = 150.0
 ) -> list[Burst]:
     """Bursts of sound separated by ``min_gap_ms`` or more below ``threshold_dbfs`` (10 ms frames)."""
-    frame = RATE_HZ // 100
+    frame = MEDIA_SAMPLE_RATE_HZ // 100
     count = len(audio) // frame
     x = audio[: count * frame].astype(np.float64).reshape(count, frame) / 32768.0
     level_db = 10 * np.log10(np.mean(x * x, axis=1) + 1e-12)
@@ -89,8 +90,8 @@ def found_blocks(
     lag: int,
     *,
     follow: bool = False,
-    block: int = PACKET_SAMPLES,
-    search: int = 4 * PACKET_SAMPLES,
+    block: int = OPUS_PACKET_SAMPLES,
+    search: int = 4 * OPUS_PACKET_SAMPLES,
     min_rms: float = 300.0,
     min_correlation: float = 0.95,
 ) -> list[tuple[int, int | None]]:
@@ -104,12 +105,12 @@ def found_blocks(
     so the lag may step by a packet or two anywhere in the stream, also inside a burst.
     """
     window = np.hanning(block)
-    bins = block * 10_000 // RATE_HZ
+    bins = block * 10_000 // MEDIA_SAMPLE_RATE_HZ
 
     def spectrum(x: npt.NDArray[np.int16]) -> FloatArray:
         return np.abs(np.fft.rfft(x.astype(np.float64) * window))[:bins]
 
-    step = RATE_HZ // 500
+    step = MEDIA_SAMPLE_RATE_HZ // 500
     out: list[tuple[int, int | None]] = []
     for start in range(0, len(sent) - block + 1, block):
         ref = sent[start : start + block].astype(np.float64)
@@ -147,7 +148,7 @@ def burst_lags(
     bursts: list[Burst],
     around: int,
     *,
-    search: int = RATE_HZ // 2,
+    search: int = MEDIA_SAMPLE_RATE_HZ // 2,
 ) -> list[tuple[int, float]]:
     """Each burst's own lag (received index - sent index) and correlation, looked for within ``search``
     samples of ``around`` (the whole call's lag).
@@ -190,16 +191,16 @@ def returned_by_burst(
         for start, hit in hits:
             if previous_end is not None and start + hit < previous_end:
                 reordered += 1
-            previous_end = start + hit + PACKET_SAMPLES
+            previous_end = start + hit + OPUS_PACKET_SAMPLES
     return (found / checked if checked else 0.0), checked, reordered, first_lags
 
 
 def sent_time(recording: CallRecording, sample: int) -> float | None:
     """When the client handed sample ``sample`` of its audio to the network (monotonic seconds)."""
-    packet = sample // PACKET_SAMPLES
+    packet = sample // OPUS_PACKET_SAMPLES
     if not 0 <= packet < len(recording.source.sent_at):
         return None
-    return recording.source.sent_at[packet] + (sample % PACKET_SAMPLES) / RATE_HZ
+    return recording.source.sent_at[packet] + (sample % OPUS_PACKET_SAMPLES) / MEDIA_SAMPLE_RATE_HZ
 
 
 def received_time(recording: CallRecording, sample: int) -> float | None:

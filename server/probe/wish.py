@@ -21,10 +21,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from yarl import URL
 
+from pipeline.timing import VIDEO_PTS_PER_FRAME
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
 
 SDP = "application/sdp"
-FRAME_PTS = 3600  # 90 kHz ticks per frame at 25 fps
 
 
 class WishError(RuntimeError):
@@ -61,7 +61,8 @@ class Peer:
             return {}
         first = int(self.meta[0][1]["frame"])
         return {
-            first + pts // FRAME_PTS: t for pts, t in zip(self.video.pts, self.video.arrived_at, strict=True)
+            first + pts // VIDEO_PTS_PER_FRAME: t
+            for pts, t in zip(self.video.pts, self.video.arrived_at, strict=True)
         }
 
     def frame_regions(self) -> dict[int, npt.NDArray[np.uint8]]:
@@ -69,7 +70,8 @@ class Peer:
             return {}
         first = int(self.meta[0][1]["frame"])
         return {
-            first + pts // FRAME_PTS: r for pts, r in zip(self.video.pts, self.video.regions, strict=True)
+            first + pts // VIDEO_PTS_PER_FRAME: r
+            for pts, r in zip(self.video.pts, self.video.regions, strict=True)
         }
 
     async def wait_connected(self, timeout_s: float = 15.0) -> None:
