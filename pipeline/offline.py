@@ -20,6 +20,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.audio_file import decode_audio
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.compositing import paste_patch
@@ -40,21 +41,6 @@ class RenderSummary:
     @property
     def realtime_factor(self) -> float:
         return self.audio_s / self.wall_s if self.wall_s > 0 else float("inf")
-
-
-def decode_audio(path: Path, rate_hz: int) -> npt.NDArray[np.float32]:
-    """Any audio file PyAV reads, as mono float32 in [-1, 1] at ``rate_hz``."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate_hz)
-    chunks: list[npt.NDArray[np.float32]] = []
-    with av.open(str(path)) as container:
-        if not container.streams.audio:
-            raise ValueError(f"{path} has no audio stream")
-        for frame in container.decode(audio=0):
-            chunks.extend(f.to_ndarray().reshape(-1).astype(np.float32) for f in resampler.resample(frame))
-    chunks.extend(f.to_ndarray().reshape(-1).astype(np.float32) for f in resampler.resample(None))
-    if not chunks:
-        raise ValueError(f"{path} holds no audio")
-    return np.concatenate(chunks).astype(np.float32)
 
 
 def text_progress(stream: TextIO = sys.stderr) -> Progress:

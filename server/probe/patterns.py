@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.audio_file import decode_audio
 from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 
 # Formant pairs (F1, F2) of a few vowels: the bursts cycle through them so the mouth shapes vary too.
@@ -66,16 +66,4 @@ def burst_pattern(
 
 def load_audio(path: Path) -> npt.NDArray[np.int16]:
     """Decode any audio file PyAV reads into 48 kHz mono int16."""
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=MEDIA_SAMPLE_RATE_HZ)
-    chunks: list[npt.NDArray[np.int16]] = []
-    with av.open(str(path)) as container:
-        if not container.streams.audio:
-            raise ValueError(f"{path} has no audio stream")
-        for frame in container.decode(audio=0):
-            for out in resampler.resample(frame):
-                chunks.append(out.to_ndarray().reshape(-1).astype(np.int16))
-    for out in resampler.resample(None):
-        chunks.append(out.to_ndarray().reshape(-1).astype(np.int16))
-    if not chunks:
-        raise ValueError(f"{path} holds no audio")
-    return np.concatenate(chunks)
+    return decode_audio(path, MEDIA_SAMPLE_RATE_HZ, "s16")
