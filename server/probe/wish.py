@@ -92,6 +92,18 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+async def post_json(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], token: str | None, expected_status: int
+) -> dict[str, Any]:
+    """POST ``body`` as JSON (with the bearer token): the JSON answer, or :class:`WishError` on another
+    status."""
+    async with http.post(url, json=body, headers=auth_headers(token)) as response:
+        data = await response.json(content_type=None)
+        if response.status != expected_status:
+            raise WishError(response.status, str(data))
+    return dict(data)
+
+
 async def mouth_box(
     http: aiohttp.ClientSession, base_url: str, avatar: str | None
 ) -> tuple[int, int, int, int] | None:
@@ -185,10 +197,7 @@ async def open_publisher(
             body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
             if avatar:
                 body["avatar"] = avatar
-            async with http.post(f"{base_url}/offer", json=body, headers=auth_headers(token)) as response:
-                data = await response.json(content_type=None)
-                if response.status != 200:
-                    raise WishError(response.status, str(data))
+            data = await post_json(http, f"{base_url}/offer", body, token, 200)
             peer.session_id = data["session_id"]
             peer.resource_url = f"{base_url}/sessions/{peer.session_id}"
             answer_sdp = data["sdp"]
