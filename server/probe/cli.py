@@ -18,7 +18,6 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from server.flags import add_repeatable
 from server.probe.client import call
 from server.probe.patterns import burst_pattern, load_audio
 from server.probe.plot import write_png
@@ -66,12 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--push-speak-s", type=float, default=1.0, help="--push: how long each plays before the interrupt"
     )
     p.add_argument("--token", help="bearer token of the server (--push)")
-    add_repeatable(
-        p,
+    p.add_argument(
         "--ice-address",
-        "ice_addresses",
-        "ADDR",
-        "offer only these local addresses as ICE host candidates (e.g. 127.0.0.1)",
+        action="append",
+        dest="ice_addresses",
+        metavar="ADDR",
+        help="offer only these local addresses as ICE host candidates (e.g. 127.0.0.1)",
     )
 
 
