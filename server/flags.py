@@ -76,6 +76,21 @@ def _option(p: argparse.ArgumentParser, flag: str, help_text: str, env_note: str
     p.add_argument(flag, help=f"{help_text} (env {ENV_PREFIX}{dest.upper()}{env_note})", **kwargs)
 
 
+def _list_option(
+    p: argparse.ArgumentParser,
+    flag: str,
+    metavar: str,
+    help_text: str,
+    env_note: str = ", comma-separated",
+    **kwargs: Any,
+) -> None:
+    """A repeatable flag; its values collect in a list under the plural of its name (``--ice-address``:
+    ``ice_addresses``)."""
+    name = flag.removeprefix("--").replace("-", "_")
+    dest = name + ("es" if name.endswith("s") else "s")
+    _option(p, flag, help_text, env_note, action="append", metavar=metavar, dest=dest, **kwargs)
+
+
 def _ice_servers(urls: Sequence[str], username: str | None, credential: str | None) -> tuple[IceServer, ...]:
     servers = []
     for url in urls:
@@ -93,23 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     _option(p, "--host", "address to listen on")
     _option(p, "--port", "HTTP port")
-    _option(
-        p,
-        "--ice-server",
-        "STUN/TURN URL, repeatable",
-        env_note=", comma-separated",
-        action="append",
-        metavar="URL",
-        dest="ice_servers",
-    )
-    _option(
-        p,
-        "--ice-address",
-        "offer only this local address as an ICE host candidate, repeatable",
-        env_note=", comma-separated",
-        action="append",
-        metavar="ADDR",
-        dest="ice_addresses",
+    _list_option(p, "--ice-server", "URL", "STUN/TURN URL, repeatable")
+    _list_option(
+        p, "--ice-address", "ADDR", "offer only this local address as an ICE host candidate, repeatable"
     )
     _option(p, "--ice-username", "TURN username")
     _option(p, "--ice-credential", "TURN credential")
@@ -118,16 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(p, "--checkpoint", "Wav2Lip checkpoint")
     _option(p, "--device", "auto, cpu, cuda or cuda:N")
     _option(p, "--avatar", "default avatar name")
-    _option(
-        p,
-        "--avatar-dir",
-        "extra avatar directory, repeatable",
-        env_note=", ':'-separated",
-        action="append",
-        metavar="DIR",
-        dest="avatar_dirs",
-        type=Path,
-    )
+    _list_option(p, "--avatar-dir", "DIR", "extra avatar directory, repeatable", ", ':'-separated", type=Path)
     _option(p, "--fps", "output frame rate")
     _option(p, "--lookahead-ms", "audio the backend looks ahead per frame")
     _option(
@@ -153,15 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(p, "--max-session-s", "close a call after this many seconds, 0 for no limit")
     _option(p, "--drain-timeout-s", "on SIGTERM, let live calls go on this long before closing them")
-    _option(
+    _list_option(
         p,
         "--cors-origin",
-        "a browser origin (https://host:port) allowed to use the API from another site, repeatable, '*' "
-        "for any",
-        env_note=", comma-separated",
-        action="append",
-        metavar="ORIGIN",
-        dest="cors_origins",
+        "ORIGIN",
+        "a browser origin (https://host:port) allowed to use the API from another site, repeatable, '*' for"
+        " any",
     )
     _option(
         p, "--torch-threads", "torch CPU threads (default: 1 for builtin, all cores for wav2lip on a CPU)"
