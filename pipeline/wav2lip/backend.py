@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.defaults import default_batch_sizes
+from pipeline.defaults import WAV2LIP, default_batch_sizes
 from pipeline.timing import FPS
 from pipeline.warmup import time_batch_sizes
 from pipeline.wav2lip.checkpoint import load_wav2lip
@@ -83,7 +83,7 @@ class _Bucket:
 class Wav2LipBackend:
     """Wav2Lip rendering with cached face features and on-device compositing."""
 
-    name = "wav2lip"
+    name = WAV2LIP
     crossfade_frames = 3  # its lower face never equals the avatar's own: blend idle <-> speaking switches
 
     def __init__(
