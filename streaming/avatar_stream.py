@@ -28,7 +28,9 @@ import numpy.typing as npt
 
 from pipeline.avatar import Avatar
 from pipeline.backend import Featurizer, RenderedPatch, RenderItem
-from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ, FrameGrid
+from pipeline.defaults import RENDER_BUDGET_MS
+from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
+from pipeline.windows import FrameGrid
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.clock import Clock, FrameTimeline
 from streaming.delay import Delayed, DelayLine
@@ -102,8 +104,8 @@ class AvatarStream:
         audio_in: InputAudioBuffer,
         clock: Clock,
         *,
-        fps: int = 25,
-        render_budget_ms: float = 40.0,
+        fps: int = FPS,
+        render_budget_ms: float = RENDER_BUDGET_MS,
         capacity_ms: float = 2000.0,
         crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
@@ -118,7 +120,7 @@ class AvatarStream:
         self.clock = clock
         self.grid = FrameGrid(fps)
         self.render_budget_s = render_budget_ms / 1000.0
-        self.samples_per_tick = OUTPUT_SAMPLE_RATE_HZ // fps
+        self.samples_per_tick = MEDIA_SAMPLE_RATE_HZ // fps
         self.capacity = max(2, round(capacity_ms / self.grid.frame_ms))
         self.stats = StreamStats()
         self.timeline: FrameTimeline | None = None
@@ -143,7 +145,7 @@ class AvatarStream:
     @property
     def delay_ms(self) -> float:
         """The fixed audio delay this stream adds on top of the jitter buffer: lookahead + decimator."""
-        return self._delay.delay_samples * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
+        return self._delay.delay_samples * 1000.0 / MEDIA_SAMPLE_RATE_HZ
 
     @property
     def latest_index(self) -> int:

@@ -43,6 +43,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 from av.packet import Packet
 
+from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta
 from streaming.tasks import cancel_and_wait, session_log
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
@@ -51,9 +52,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_VIDEO_BITRATE_BPS = 1_500_000  # aiortc's REMB ceiling: what the caller gets on a good network
 OPUS_BITRATE_BPS = 96_000  # as aiortc's own Opus encoder
-OPUS_TIME_BASE = fractions.Fraction(1, 48_000)
+OPUS_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 KEYFRAME_MIN_INTERVAL_S = 0.5
-VIDEO_QUEUE_FRAMES = 25  # 1 s at 25 fps
+VIDEO_QUEUE_FRAMES = FPS  # 1 s
 AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
 
 
@@ -116,7 +117,7 @@ class OpusPacketEncoder:
         codec.bit_rate = OPUS_BITRATE_BPS
         codec.format = "s16"
         codec.layout = "stereo"
-        codec.sample_rate = 48_000
+        codec.sample_rate = MEDIA_SAMPLE_RATE_HZ
         codec.time_base = OPUS_TIME_BASE
         codec.options = {"application": "voip"}
         self.codec = codec

@@ -19,14 +19,14 @@ from av import AudioFrame, VideoFrame
 
 from pipeline.compositing import paste_patch
 from pipeline.engine import DeadlineExpiredError
-from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
 
 logger = logging.getLogger(__name__)
 
 VIDEO_CLOCK_HZ = 90_000
 VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
-AUDIO_TIME_BASE = fractions.Fraction(1, OUTPUT_SAMPLE_RATE_HZ)
+AUDIO_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 
 
 @dataclass
@@ -119,9 +119,7 @@ class AvatarVideoTrack(_StreamTrack):
         return FrameMeta(
             frame=tick.index,
             avatar_frame=tick.frame_index,
-            input_pos_ms=(
-                None if tick.input_pos is None else tick.input_pos * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
-            ),
+            input_pos_ms=(None if tick.input_pos is None else tick.input_pos * 1000.0 / MEDIA_SAMPLE_RATE_HZ),
             speech=tick.speech,
             active=tick.patch is not None,
             mouth=[round(float(v), 4) for v in tick.conditioning.reshape(-1)[:3]],
@@ -174,7 +172,7 @@ class AvatarAudioTrack(_StreamTrack):
         # should come back at the level it went in.
         interleaved = np.repeat(samples, 2).reshape(1, -1)
         frame = AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
-        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
         frame.pts = self._next * size
         frame.time_base = AUDIO_TIME_BASE
         self._next += 1

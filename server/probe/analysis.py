@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, OPUS_PACKET_SAMPLES
 from server.probe.client import CallRecording
-from server.probe.media import PACKET_SAMPLES, RATE_HZ, ReceivedAudio
+from server.probe.media import ReceivedAudio
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -29,7 +30,7 @@ def detect_bursts(
     audio: npt.NDArray[np.int16], *, threshold_dbfs: float = -40.0, min_gap_ms: float = 150.0
 ) -> list[Burst]:
     """Bursts of sound separated by ``min_gap_ms`` or more below ``threshold_dbfs`` (10 ms frames)."""
-    frame = RATE_HZ // 100
+    frame = MEDIA_SAMPLE_RATE_HZ // 100
     count = len(audio) // frame
     x = audio[: count * frame].astype(np.float64).reshape(count, frame) / 32768.0
     level_db = 10 * np.log10(np.mean(x * x, axis=1) + 1e-12)
@@ -83,7 +84,8 @@ def align(sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16]) -> tuple
     return lag, float(np.sum(seg_a * seg_b) / denom)
 
 
-EARLY_MATCH = RATE_HZ // 250  # a block may match up to 4 ms before its place (a fading or split block)
+# A block may match up to 4 ms before its place (a fading or split block).
+EARLY_MATCH = MEDIA_SAMPLE_RATE_HZ // 250
 
 
 def found_blocks(
@@ -91,9 +93,9 @@ def found_blocks(
     received: npt.NDArray[np.int16],
     lag: int,
     *,
-    block: int = PACKET_SAMPLES,
-    search: int = 4 * PACKET_SAMPLES,
-    max_inserted: int = 2 * RATE_HZ,
+    block: int = OPUS_PACKET_SAMPLES,
+    search: int = 4 * OPUS_PACKET_SAMPLES,
+    max_inserted: int = 2 * MEDIA_SAMPLE_RATE_HZ,
     min_rms: float = 300.0,
     min_correlation: float = 0.95,
 ) -> list[tuple[int, int | None]]:
@@ -114,8 +116,8 @@ def found_blocks(
     count as lost; a block that only matches earlier than its place is a different block of the same vowel.
     """
     window = np.hanning(block)
-    bins = block * 10_000 // RATE_HZ
-    step = RATE_HZ // 500
+    bins = block * 10_000 // MEDIA_SAMPLE_RATE_HZ
+    step = MEDIA_SAMPLE_RATE_HZ // 500
 
     def spectrum(x: npt.NDArray[np.int16]) -> FloatArray:
         return np.abs(np.fft.rfft(x.astype(np.float64) * window))[:bins]
@@ -173,8 +175,8 @@ def burst_lags(
     bursts: list[Burst],
     around: int,
     *,
-    search: int = RATE_HZ,
-    onset: int = RATE_HZ // 25,
+    search: int = MEDIA_SAMPLE_RATE_HZ,
+    onset: int = MEDIA_SAMPLE_RATE_HZ // 25,
     min_correlation: float = 0.7,
 ) -> list[tuple[int, float]]:
     """Where each burst begins in the received audio, as a lag (received index - sent index), with the
@@ -245,16 +247,16 @@ def returned_by_burst(
         for start, hit in hits:
             if previous_end is not None and start + hit < previous_end - EARLY_MATCH:
                 reordered += 1
-            previous_end = start + hit + PACKET_SAMPLES
+            previous_end = start + hit + OPUS_PACKET_SAMPLES
     return (found / checked if checked else 0.0), checked, reordered, first_lags
 
 
 def sent_time(recording: CallRecording, sample: int) -> float | None:
     """When the client handed sample ``sample`` of its audio to the network (monotonic seconds)."""
-    packet = sample // PACKET_SAMPLES
+    packet = sample // OPUS_PACKET_SAMPLES
     if not 0 <= packet < len(recording.source.sent_at):
         return None
-    return recording.source.sent_at[packet] + (sample % PACKET_SAMPLES) / RATE_HZ
+    return recording.source.sent_at[packet] + (sample % OPUS_PACKET_SAMPLES) / MEDIA_SAMPLE_RATE_HZ
 
 
 def received_time(recording: CallRecording, sample: int) -> float | None:

@@ -49,7 +49,14 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path) -
     assert summary["metadata_agreement_within_1_frame"] == summary["metadata_compared"] == len(result.bursts)
     text = cli.format_summary(url, summary, 0)
     assert "audio in -> mouth moves" in text and "p95" in text
-    json.dumps({"summary": summary, "session": result.to_json()})
+    # What --json writes: plain JSON, the per-frame lists summarised, the per-burst figures as measured.
+    doc = json.loads(json.dumps({"summary": summary, "session": result.to_json()}))
+    session = doc["session"]
+    assert "frame_arrivals" not in session and session["fps"] == result.fps
+    assert session["frame_latency_ms"]["count"] == len(result.frame_latency_ms)
+    assert session["frame_latency_ms"]["p50"] == pytest.approx(frame_p50, abs=0.01)
+    assert [b["onset_frame"] for b in session["bursts"]] == [b.onset_frame for b in result.bursts]
+    assert doc["summary"]["metadata_compared"] == len(result.bursts)
     png = tmp_path / "probe.png"
     write_png(png, [result], "test")
     assert png.stat().st_size > 5000
