@@ -22,7 +22,7 @@ What the shared encoder changes:
 
 The sources are the session's own paced tracks (:class:`AvatarVideoTrack`, :class:`AvatarAudioTrack`), so
 viewers get exactly the ticks the caller gets, at the same presentation times, and the very frames the caller
-gets (composed once per tick, :mod:`streaming.frames`; the encoder reads them and writes only to its copy).
+gets (composed once per tick, :mod:`streaming.frames`).
 """
 
 from __future__ import annotations
@@ -95,9 +95,8 @@ class Vp8PacketEncoder:
         if self.codec is None or (frame.width, frame.height) != (self.codec.width, self.codec.height):
             self.codec = self._open(frame.width, frame.height)
         pts, time_base = frame.pts, frame.time_base
-        # The input is shared by the session's consumers: write only to a frame of our own. The session's
-        # frames are rgb24, so the conversion makes one (its picture type set here: not one another encoder
-        # left on the input); a yuv420p input is copied only when it must be marked as a keyframe.
+        # Write only to a frame of our own: the session's frames are rgb24, so the conversion makes one (its
+        # picture type set here, not copied from the input); a yuv420p input is copied only for a keyframe.
         if frame.format.name != "yuv420p" or keyframe:
             if frame.format.name != "yuv420p":
                 frame = frame.reformat(format="yuv420p")

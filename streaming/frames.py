@@ -7,10 +7,11 @@ to ask composes it (the rendered patch pasted into the avatar frame, or the prev
 render is late), the others get the same :class:`ComposedFrame`. So the late/failed decision is taken once
 per tick and every consumer shows identical pixels.
 
-Shared means read-only: the numpy picture is flagged not writeable, and the ``av.VideoFrame`` (rgb24, with
-its pts set here) must not be modified by a consumer. Encoders convert it to yuv420p first, which makes a
-new frame; the one write aiortc makes to its input is its H.264 encoder's ``pict_type``, a field that every
-encoder sets on its own frame before encoding, so it changes no other consumer's output.
+Shared means read-only: the picture is a numpy array flagged not writeable. Each consumer wraps it in an
+``av.VideoFrame`` of its own (:meth:`ComposedFrame.video_frame`, one copy of the pixels): PyAV frames are
+not safe to share between threads (``reformat`` keeps a converter on the frame, and the caller's and the
+viewers' encoders convert at the same time in executor threads), and aiortc's encoders write ``pict_type``
+on the frame they are given.
 """
 
 from __future__ import annotations
@@ -48,10 +49,17 @@ class ComposedFrame:
 
     index: int
     image: Image  # (H, W, 3) RGB, not writeable
-    video: VideoFrame  # rgb24, pts on the 90 kHz video clock
+    pts: int  # on the 90 kHz video clock
     late: bool  # the render was not ready at presentation: the previous picture is repeated
     failed: bool  # the render raised: the avatar frame as it is
     compose_ms: float  # the time composing took (once, by the first consumer)
+
+    def video_frame(self) -> VideoFrame:
+        """A new rgb24 ``av.VideoFrame`` of the picture, for one consumer (see the module doc)."""
+        video = VideoFrame.from_ndarray(self.image, format="rgb24")
+        video.pts = self.pts
+        video.time_base = VIDEO_TIME_BASE
+        return video
 
 
 @dataclass
@@ -99,11 +107,8 @@ class SharedFrames:
             return frame
         started = self._perf()
         image, late, failed = self._image(tick)
-        video = VideoFrame.from_ndarray(image, format="rgb24")
-        video.pts = tick.index * self.pts_step
-        video.time_base = VIDEO_TIME_BASE
         compose_ms = (self._perf() - started) * 1000.0
-        frame = ComposedFrame(tick.index, image, video, late, failed, compose_ms)
+        frame = ComposedFrame(tick.index, image, tick.index * self.pts_step, late, failed, compose_ms)
         self.stats.composed += 1
         self._frames[tick.index] = frame
         while len(self._frames) > self.keep_frames:

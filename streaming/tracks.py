@@ -50,8 +50,8 @@ class _StreamTrack(MediaStreamTrack):
 
 
 class AvatarVideoTrack(_StreamTrack):
-    """Paces the stream's composed frames (:mod:`streaming.frames`): every video track of one stream hands out
-    the same frame object for a tick, composed once."""
+    """Paces the stream's composed frames (:mod:`streaming.frames`): every video track of one stream gets the
+    same picture for a tick, composed once (``recv`` wraps it in a VideoFrame of this track's own)."""
 
     kind = "video"
 
@@ -67,10 +67,10 @@ class AvatarVideoTrack(_StreamTrack):
         self._next = index
 
     async def recv(self) -> VideoFrame:
-        return (await self.next_frame()).video
+        return (await self.next_frame()).video_frame()
 
     async def next_frame(self) -> ComposedFrame:
-        """The next tick's frame at its presentation time (shared: do not modify it)."""
+        """The next tick's composed frame at its presentation time (shared with the stream's consumers)."""
         stream = await self._running_stream()
         index = self._next
         await stream.clock.sleep_until(stream.present_time(index))
