@@ -5,9 +5,10 @@ pyvirtualcam (the optional ``lipcast[virtualcam]`` extra) writes frames to a v4l
 on Windows and macOS. Video only: a camera has no sound (use the viewer page or WHEP for the voice).
 
 The camera opens once, at the default avatar's size, when the server starts, so the device is there before
-any call. Each 25 fps frame is the newest live session's current frame (the same ticks its caller gets,
-from its own :class:`AvatarVideoTrack`), letterboxed into the camera's size; between sessions the default
-avatar at rest is shown at a low rate. A missing package or device fails the start with a clear message.
+any call. Each 25 fps frame is the newest live session's current frame (the very pictures its caller gets:
+its own :class:`AvatarVideoTrack` paces the session's frames, composed once per tick), letterboxed into the
+camera's size; between sessions the default avatar at rest is shown at a low rate. A missing package or
+device fails the start with a clear message.
 """
 
 from __future__ import annotations
@@ -152,12 +153,11 @@ class VirtualCamera:
                     self._follow(stream)
                 assert self._track is not None
                 try:
-                    frame = await self._track.recv()
+                    frame = await self._track.next_frame()
                 except MediaStreamError:  # that session ended
                     self._follow(None)
                     continue
-                image = cast(Image, frame.to_ndarray(format="rgb24"))
-                await self._send(fit(image, self.width, self.height))
+                await self._send(fit(frame.image, self.width, self.height))  # shared: only read
         except asyncio.CancelledError:
             raise
         except Exception:

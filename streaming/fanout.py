@@ -21,7 +21,8 @@ What the shared encoder changes:
   encoder or the other viewers.
 
 The sources are the session's own paced tracks (:class:`AvatarVideoTrack`, :class:`AvatarAudioTrack`), so
-viewers get exactly the ticks the caller gets, at the same presentation times.
+viewers get exactly the ticks the caller gets, at the same presentation times, and the very frames the caller
+gets (composed once per tick, :mod:`streaming.frames`).
 """
 
 from __future__ import annotations
@@ -95,10 +96,14 @@ class Vp8PacketEncoder:
         if self.codec is None or (frame.width, frame.height) != (self.codec.width, self.codec.height):
             self.codec = self._open(frame.width, frame.height)
         pts, time_base = frame.pts, frame.time_base
-        if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
-        if keyframe:
-            frame.pict_type = av.video.frame.PictureType.I
+        # Write only to a frame of our own: the session's frames are rgb24, so the conversion makes one (its
+        # picture type set here, not copied from the input); a yuv420p input is copied only for a keyframe.
+        if frame.format.name != "yuv420p" or keyframe:
+            if frame.format.name != "yuv420p":
+                frame = frame.reformat(format="yuv420p")
+            else:
+                frame = VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
+            frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE
         packets = self.codec.encode(frame)
         if not packets:
             return None, False
