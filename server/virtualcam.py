@@ -140,14 +140,20 @@ class VirtualCamera:
         self.sent += 1
 
     async def _run(self) -> None:
+        idle_period_s = 1.0 / IDLE_FPS
+        idle_due_s = self.clock.now()
         try:
             while True:
                 stream = self.newest_stream()
                 if stream is None or stream.closed or stream.timeline is None:
                     if self.following is not None:
                         self._follow(None)
+                    # Idle frames on deadlines, so the send's own time does not add up (and no backlog of
+                    # idle frames is sent after a session).
+                    idle_due_s = max(idle_due_s, self.clock.now())
                     await self._send(self.idle_image)
-                    await self.clock.sleep_until(self.clock.now() + 1.0 / IDLE_FPS)
+                    idle_due_s += idle_period_s
+                    await self.clock.sleep_until(idle_due_s)
                     continue
                 if stream.session_id != self.following or self._track is None:
                     self._follow(stream)
