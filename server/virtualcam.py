@@ -188,6 +188,19 @@ def newest_live_stream(sessions: SessionManager) -> AvatarStream | None:
     return None
 
 
+def newest_session_feed(camera: CameraSink, sessions: SessionManager) -> VirtualCamera:
+    """The feed of ``camera``: the newest live session, the default avatar's first frame between sessions."""
+    avatar = sessions.avatar(None)
+    return VirtualCamera(
+        camera,
+        lambda: newest_live_stream(sessions),
+        avatar.frames[0],
+        sessions.clock,
+        width=avatar.width,
+        height=avatar.height,
+    )
+
+
 async def virtualcam_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup context (after the runtime's): open the camera, feed it, close it at shutdown."""
     settings, runtime = app[SETTINGS], app[RUNTIME]
@@ -196,14 +209,7 @@ async def virtualcam_ctx(app: web.Application) -> AsyncIterator[None]:
     camera = await loop.run_in_executor(
         None, open_camera, avatar.width, avatar.height, settings.fps, settings.virtualcam_device
     )
-    feed = VirtualCamera(
-        camera,
-        lambda: newest_live_stream(runtime.sessions),
-        avatar.frames[0],
-        runtime.sessions.clock,
-        width=avatar.width,
-        height=avatar.height,
-    )
+    feed = newest_session_feed(camera, runtime.sessions)
     feed.start()
     try:
         yield

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections import Counter
 
@@ -13,10 +12,9 @@ from pipeline import compositing
 from pipeline.backend import RenderedPatch
 from server.app import create_app
 from server.config import Settings
-from server.probe.wish import open_publisher, open_viewer
 from server.state import RUNTIME
-from server.virtualcam import VirtualCamera, newest_live_stream
-from tests.fakes import speech_pattern, to_int16
+from server.virtualcam import newest_session_feed
+from tests.server.watched_call import syllables_after_silence, watched_call
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
 
@@ -56,37 +54,15 @@ async def test_one_composite_per_tick_for_every_consumer(aiohttp_client, monkeyp
     client = await aiohttp_client(create_app(Settings()))
     url = str(client.make_url("")).rstrip("/")
     runtime = client.app[RUNTIME]
-    avatar = runtime.sessions.avatar(None)
     camera = FakeCamera()
-    feed = VirtualCamera(
-        camera,
-        lambda: newest_live_stream(runtime.sessions),
-        avatar.frames[0],
-        runtime.sessions.clock,
-        width=avatar.width,
-        height=avatar.height,
-    )
+    feed = newest_session_feed(camera, runtime.sessions)
     feed.start()
-    # Speech starts late enough for the viewers to have joined on a busy machine, then many onsets.
-    syllables = [("speech", 0.24), ("silence", 0.24)] * 5
-    sent = to_int16(speech_pattern([("silence", 1.5), *syllables, ("silence", 0.3)]))
-    caller = await open_publisher(client.session, url, sent, signalling="offer")
-    viewers = []
     try:
-        await caller.wait_connected()
-        viewers = [await open_viewer(client.session, url, caller.session_id) for _ in range(2)]
-        for viewer in viewers:
-            await viewer.wait_connected()
-        assert caller.source is not None
-        await caller.source.done.wait()
-        await asyncio.sleep(0.3)
-        session = runtime.sessions.get(caller.session_id)
-        assert feed.following == session.id and session.viewers.stats_json()["count"] == 2
-        stream = session.stream
+        async with watched_call(client.session, url, syllables_after_silence()) as (caller, viewers):
+            session = runtime.sessions.get(caller.session_id)
+            assert feed.following == session.id and session.viewers.stats_json()["count"] == 2
+            stream = session.stream
     finally:
-        for viewer in viewers:
-            await viewer.close()
-        await caller.close()
         await feed.stop()
 
     # The ticks that every consumer was sent with a finished render: each had its patch pasted once.
