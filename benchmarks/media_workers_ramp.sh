@@ -19,6 +19,8 @@ CLIENT_CPUS=${CLIENT_CPUS:-10-15}
 CLIENT_PROCS=${CLIENT_PROCS:-6}
 DEVICE=${DEVICE:-cuda}
 BACKENDS=${BACKENDS:-"wav2lip builtin"}
+ONE_SESSION=${ONE_SESSION:-1}  # 1: a one-session step first (the reference latency)
+VARIANTS=${VARIANTS:-}        # extra steps after the ramp, SESSIONS:CLIENT_PROCESSES (e.g. "40:12")
 RENDER_IN=${RENDER_IN:-auto}  # --render-in of the server (auto: built-in on a CPU renders in each worker)
 PORT=${PORT:-8093}
 DEADLINE_S=${DEADLINE_S:-480}  # stop starting new steps after this (the device command limit is 600 s)
@@ -42,9 +44,13 @@ for backend in $BACKENDS; do
   SERVER=$!
   for i in $(seq 1 1800); do curl -sf "http://127.0.0.1:$PORT/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
   curl -s "http://127.0.0.1:$PORT/healthz" > "$OUT/healthz_$backend.json"
-  for n in 1 $STEPS; do
-    if [ $(( $(date +%s) - START )) -gt "$DEADLINE_S" ]; then echo "$backend $n: skipped (time)"; continue; fi
+  first=1
+  [ "$ONE_SESSION" = 1 ] || first=
+  for step in $first $STEPS $VARIANTS; do
+    n=${step%%:*}
     procs=$(( n < CLIENT_PROCS ? 1 : CLIENT_PROCS ))
+    if [ "$step" != "$n" ]; then procs=${step#*:}; n="${n}p$procs"; fi  # a variant: n:client processes
+    if [ $(( $(date +%s) - START )) -gt "$DEADLINE_S" ]; then echo "$backend $n: skipped (time)"; continue; fi
     gpu="$OUT/gpu_${backend}_$n.csv"
     SMI=
     if command -v nvidia-smi > /dev/null; then
@@ -52,12 +58,13 @@ for backend in $BACKENDS; do
       SMI=$!
     fi
     timeout $(( STEP_S + 60 )) taskset -c "$CLIENT_CPUS" $PY -m server probe "http://127.0.0.1:$PORT" \
-      --ice-address 127.0.0.1 --sessions "$n" --client-processes "$procs" --ramp-s 2 --duration-s "$STEP_S" \
+      --ice-address 127.0.0.1 --sessions "${n%%p*}" --client-processes "$procs" --ramp-s 2 --duration-s "$STEP_S" \
       --json "$OUT/probe_${backend}_$n.json" > "$OUT/probe_${backend}_$n.txt" 2>&1
     if [ -n "$SMI" ]; then kill "$SMI"; wait "$SMI" 2> /dev/null; fi
     summary "$OUT/probe_${backend}_$n.json" "$backend" "$n" "$gpu" | tee -a "$OUT/summary.txt"
     { echo "== $backend, $n session(s)"; sed -n '/server CPU/,$p' "$OUT/probe_${backend}_$n.txt"; } \
       >> "$OUT/processes.txt"
+    echo "$backend $n: step ended at $(( $(date +%s) - START )) s" >> "$OUT/processes.txt"
   done
   curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_$backend.txt"
   kill -TERM "$SERVER"; wait "$SERVER"
