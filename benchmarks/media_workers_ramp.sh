@@ -46,7 +46,8 @@ for backend in $BACKENDS; do
   curl -s "http://127.0.0.1:$PORT/healthz" > "$OUT/healthz_$backend.json"
   first=1
   [ "$ONE_SESSION" = 1 ] || first=
-  for step in $first $STEPS $VARIANTS; do
+  steps_var="STEPS_${backend^^}"  # STEPS_WAV2LIP / STEPS_BUILTIN: this backend's own steps
+  for step in $first ${!steps_var:-$STEPS} $VARIANTS; do
     n=${step%%:*}
     procs=$(( n < CLIENT_PROCS ? 1 : CLIENT_PROCS ))
     if [ "$step" != "$n" ]; then procs=${step#*:}; n="${n}p$procs"; fi  # a variant: n:client processes
