@@ -29,6 +29,7 @@ AUDIO_PREFETCH_PACKETS = 1
 _ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
 MAX_SAMPLE_VALUE = 32767  # RFC 6465's full scale, as aiortc
 MIN_AUDIO_LEVEL_DBOV = -127
+AIORTC_AUDIO_LEVEL = aiortc.rtp.compute_audio_level_dbov  # aiortc's own, kept as the reference
 
 
 def tune_receiver_latency(receiver: RTCRtpReceiver) -> bool:
