@@ -128,7 +128,7 @@ class VirtualCamera:
             self._track = None
         self.following = None
         if stream is not None and stream.timeline is not None:
-            self._track = AvatarVideoTrack(stream, pixel_format="rgb24")  # it wants the pixels
+            self._track = AvatarVideoTrack(stream, pixel_format="rgb24")  # it wants the pixels, always
             newest = stream.timeline.index_at(stream.clock.now() - stream.render_budget_s)
             self._track.start_at(max(0, newest + 1))
             self.following = stream.session_id
