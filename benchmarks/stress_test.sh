@@ -5,7 +5,8 @@
 #   bash benchmarks/stress_test.sh [RUNS] [COMMAND...]     (make test-stress: 3 runs of `bash .ci/run`)
 #
 # Prints each run's exit code and wall time, pytest's slowest tests, and a summary line; exits non-zero if
-# any run failed. Logs go to ${STRESS_LOG_DIR:-out/stress}/run-N.log.
+# any run failed. Logs go to ${STRESS_LOG_DIR:-out/stress}/run-N.log, with what each passing test printed
+# (its measured figures: pytest -rP), to see how close each came to its bound.
 set -u
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -24,7 +25,7 @@ for run in $(seq 1 "$runs"); do
   timeout 1800 sh -c 'while :; do :; done' &
   hog_pid=$!
   started=$(date +%s)
-  PYTEST_ARGS="${PYTEST_ARGS:---durations=15 -rs}" "${command[@]}" >"$logs/run-$run.log" 2>&1
+  PYTEST_ARGS="${PYTEST_ARGS:---durations=15 -rsP}" "${command[@]}" >"$logs/run-$run.log" 2>&1
   rc=$?
   elapsed=$(( $(date +%s) - started ))
   stop_hog

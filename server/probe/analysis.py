@@ -83,62 +83,88 @@ def align(sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16]) -> tuple
     return lag, float(np.sum(seg_a * seg_b) / denom)
 
 
+EARLY_MATCH = RATE_HZ // 250  # a block may match up to 4 ms before its place (a fading or split block)
+
+
 def found_blocks(
     sent: npt.NDArray[np.int16],
     received: npt.NDArray[np.int16],
     lag: int,
     *,
-    follow: bool = False,
     block: int = PACKET_SAMPLES,
     search: int = 4 * PACKET_SAMPLES,
+    max_inserted: int = 2 * RATE_HZ,
     min_rms: float = 300.0,
     min_correlation: float = 0.95,
 ) -> list[tuple[int, int | None]]:
-    """For every sent block with sound: (its start, its lag in the received audio, or None if not found).
+    """Follow the sent audio through the received audio from ``lag`` (received index - sent index), block
+    by block: for every sent block with sound, (its start, its lag where it was found, or None).
 
     Blocks are compared by their magnitude spectra up to 10 kHz (Opus keeps the spectrum, not the waveform:
     two codec hops leave a waveform correlation of only ~0.85, while the spectra of the same block correlate
-    above 0.99 and those of other speech below 0.9). Each block is looked for in 2 ms steps within ``search``
-    samples of its expected place, so a late but complete block still counts. With ``follow`` the expected
-    place moves with each block found: a jitter buffer that ran dry plays silence and then the late audio,
-    so the lag may step by a packet or two anywhere in the stream, also inside a burst.
+    above 0.99 and those of other speech below 0.9). Each block is looked for in 2 ms steps from its
+    expected place (where the block before it ended) up to ``search`` samples later, so a late but complete
+    block still counts.
+
+    The lag only grows inside a stretch of sound: a jitter buffer that runs dry plays silence and then the
+    late audio, in order. A longer dry spell (a stalled machine) leaves silence where the next block was
+    expected; the search then goes on after that silence (up to ``max_inserted`` samples of it), and a block
+    that the silence began inside of counts as found (split, not lost). Audio that was dropped leaves the
+    following audio *earlier* than expected and audio replaced by other sound is not silence, so both still
+    count as lost; a block that only matches earlier than its place is a different block of the same vowel.
     """
     window = np.hanning(block)
     bins = block * 10_000 // RATE_HZ
+    step = RATE_HZ // 500
 
     def spectrum(x: npt.NDArray[np.int16]) -> FloatArray:
         return np.abs(np.fft.rfft(x.astype(np.float64) * window))[:bins]
 
-    step = RATE_HZ // 500
+    def silent(at: int) -> bool:
+        y = received[at : at + block].astype(np.float64)
+        return len(y) == block and float(np.sqrt(np.mean(y * y))) < min_rms
+
+    def near(start: int, target: FloatArray, lag: int) -> int | None:
+        for shift in sorted(range(-EARLY_MATCH, search + 1, step), key=abs):
+            at = start + lag + shift
+            if at < 0 or at + block > len(received) or silent(at):
+                continue
+            if np.corrcoef(target, spectrum(received[at : at + block]))[0, 1] >= min_correlation:
+                return lag + shift
+        return None
+
+    def inserted_silence(at: int) -> tuple[int, int] | None:
+        """A stretch of silence (30 ms or more) that begins within the block at ``at``: (where it begins,
+        how long it is, in whole-block windows' starts)."""
+        for begin in range(max(0, at), at + block, step):
+            if silent(begin):
+                end = begin
+                while silent(end) and end - begin <= max_inserted:
+                    end += step
+                if end - begin >= block // 2 and not silent(end):
+                    return begin, end - begin
+                return None
+        return None
+
     out: list[tuple[int, int | None]] = []
     for start in range(0, len(sent) - block + 1, block):
-        ref = sent[start : start + block].astype(np.float64)
-        if np.sqrt(np.mean(ref * ref)) < min_rms:
+        samples = sent[start : start + block].astype(np.float64)
+        if np.sqrt(np.mean(samples * samples)) < min_rms:
             continue
         target = spectrum(sent[start : start + block])
-        hit: int | None = None
-        for shift in sorted(range(-search, search + 1, step), key=abs):
-            at = start + lag + shift
-            if at < 0 or at + block > len(received):
+        hit = near(start, target, lag)
+        gap = inserted_silence(start + lag) if hit is None else None
+        if gap is not None:
+            begin, length = gap
+            if begin - (start + lag) >= block // 4:
+                out.append((start, lag))  # split: its first part before the silence, the rest after it
+                lag += length
                 continue
-            candidate = spectrum(received[at : at + block])
-            if np.corrcoef(target, candidate)[0, 1] >= min_correlation:
-                hit = lag + shift
-                break
-        if hit is not None and follow:
+            hit = near(start, target, lag + length)
+        if hit is not None:
             lag = hit
         out.append((start, hit))
     return out
-
-
-def returned_fraction(
-    sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16], lag: int
-) -> tuple[float, int]:
-    """Share of the sent audio (blocks with sound) found again near ``lag`` (:func:`found_blocks`), and how
-    many blocks were checked."""
-    blocks = found_blocks(sent, received, lag)
-    found = sum(1 for _, hit in blocks if hit is not None)
-    return (found / len(blocks) if blocks else 0.0), len(blocks)
 
 
 def burst_lags(
@@ -147,24 +173,45 @@ def burst_lags(
     bursts: list[Burst],
     around: int,
     *,
-    search: int = RATE_HZ // 2,
+    search: int = RATE_HZ,
+    onset: int = RATE_HZ // 10,
 ) -> list[tuple[int, float]]:
-    """Each burst's own lag (received index - sent index) and correlation, looked for within ``search``
-    samples of ``around`` (the whole call's lag).
+    """Where each burst begins in the received audio, as a lag (received index - sent index), with the
+    normalised correlation there: its first ``onset`` samples aligned within ``search`` of ``around`` (the
+    whole call's lag), and after the previous burst's end.
 
     The server's jitter buffer may remove silence (to bring latency back down) or play silence while it is
-    dry, so the lag may differ from burst to burst (and step by a packet or two inside one after a dry tick).
+    dry, so the lag differs from burst to burst, and may grow inside one: a burst's onset is its own.
     """
-    out = []
+    out: list[tuple[int, float]] = []
+    earliest = 0
     for burst in bursts:
-        lo = max(0, burst.start + around - search)
-        hi = min(len(received), burst.end + around + search)
-        if hi - lo < burst.end - burst.start:
+        piece = sent[burst.start : min(burst.end, burst.start + onset)].astype(np.float64)
+        lo = max(earliest, burst.start + around - search)
+        hi = min(len(received), burst.start + around + search + len(piece))
+        if hi - lo < len(piece) or not piece.any():
             out.append((around, 0.0))
             continue
-        local, correlation = align(sent[burst.start : burst.end], received[lo:hi])
-        out.append((lo + local - burst.start, correlation))
+        at, correlation = best_match(piece, received[lo:hi].astype(np.float64))
+        out.append((lo + at - burst.start, correlation))
+        earliest = lo + at + (burst.end - burst.start)
     return out
+
+
+def best_match(piece: FloatArray, within: FloatArray) -> tuple[int, float]:
+    """The offset in ``within`` where ``piece`` fits best by normalised cross-correlation, and its value
+    (windows holding less than 1/400 of the piece's energy are not candidates)."""
+    n = 1 << int(np.ceil(np.log2(len(piece) + len(within))))
+    corr = np.fft.irfft(np.fft.rfft(within, n) * np.conj(np.fft.rfft(piece, n)), n)
+    positions = len(within) - len(piece) + 1
+    energy = np.concatenate([[0.0], np.cumsum(within * within)])
+    norms = np.sqrt(np.maximum(energy[len(piece) : len(piece) + positions] - energy[:positions], 0.0))
+    reference = np.sqrt(np.sum(piece * piece))
+    # Near-silent windows (exact zeros from a dry jitter buffer) would divide rounding noise by ~0.
+    audible = norms > 0.05 * reference
+    scores = np.where(audible, corr[:positions] / (reference * np.maximum(norms, 1e-9)), 0.0)
+    best = int(np.argmax(scores))
+    return best, float(scores[best])
 
 
 def returned_by_burst(
@@ -173,22 +220,23 @@ def returned_by_burst(
     bursts: list[Burst],
     lags: list[int],
 ) -> tuple[float, int, int, list[int | None]]:
-    """The sent blocks with sound found again, each burst followed from its own lag (:func:`found_blocks`
-    with ``follow``): (fraction found, blocks checked, blocks out of order, each burst's lag at its first
-    block found). A block is out of order when it comes back before the end of the one found before it."""
+    """The sent blocks with sound found again, each burst followed from its own lag (:func:`found_blocks`):
+    (fraction found, blocks checked, blocks out of order, each burst's lag at its first block found). A
+    block is out of order when it comes back before the end of the one found before it (by more than the
+    4 ms that a block's match may sit early: the fading last block of a burst)."""
     found = checked = reordered = 0
     previous_end: int | None = None
     first_lags: list[int | None] = []
     for burst, lag in zip(bursts, lags, strict=True):
         only = np.zeros_like(sent)
         only[burst.start : burst.end] = sent[burst.start : burst.end]
-        blocks = found_blocks(only, received, lag, follow=True)
+        blocks = found_blocks(only, received, lag)
         checked += len(blocks)
         hits = [(start, hit) for start, hit in blocks if hit is not None]
         found += len(hits)
         first_lags.append(hits[0][1] if hits else None)
         for start, hit in hits:
-            if previous_end is not None and start + hit < previous_end:
+            if previous_end is not None and start + hit < previous_end - EARLY_MATCH:
                 reordered += 1
             previous_end = start + hit + PACKET_SAMPLES
     return (found / checked if checked else 0.0), checked, reordered, first_lags

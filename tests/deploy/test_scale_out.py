@@ -102,12 +102,9 @@ def test_nginx_spreads_calls_over_two_instances_and_each_call_stays_on_one(
     print(result["probe_stdout"])
     assert summary["sessions"] == SESSIONS
     assert 20 <= summary["fps_min"] and summary["fps_mean"] <= 26, result["probe_stdout"]
-    # Audio: each time the busy machine leaves a jitter buffer dry, one 20 ms block is split (the tick plays
-    # silence and the late audio follows it, whole), and the block comparison cannot find it; with two
-    # servers, nginx and the probe on one free core that happened for up to 6 % of the blocks (94.2 % seen).
-    # Whether a call loses audio is the single-server tests' business (>= 99 % there); here the media must
-    # flow through the instance that answered the offer, and a call whose media went astray returns nothing.
-    assert summary["audio_returned_min"] >= 0.9, result["probe_stdout"]
+    # Audio: all of it back (a jitter buffer left dry by the busy machine delays audio, which the analysis
+    # follows; it does not lose it). A call whose media went astray returns nothing.
+    assert summary["audio_returned_min"] >= 0.99, result["probe_stdout"]
 
     # Which instance created which session (each server logs "[id] created").
     owner: dict[str, str] = {}
