@@ -11,22 +11,23 @@ from pathlib import Path
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
-from pipeline.engine import WARMUP_TIMED_RENDERS, RenderEngine
+from pipeline.defaults import default_batch_sizes, default_render_budget_ms
+from pipeline.engine import RenderEngine
 from pipeline.registry import AvatarRegistry
 from pipeline.runtime import (
     configure_threads,
     create_backend,
-    default_batch_sizes,
-    default_render_budget_ms,
     device_report,
     measured_render_budget_ms,
     render_niceness,
     resolve_device,
 )
+from pipeline.warmup import WARMUP_TIMED_RENDERS
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
 from server.metrics import Metrics
+from server.runtime_metrics import RuntimeCollector
 from server.sessions import SessionManager
 from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
@@ -115,7 +116,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = await loop.run_in_executor(None, builder, settings, clock)
     runtime.engine.start()
     metrics = app[METRICS]
-    metrics.attach(runtime)
+    metrics.attach(RuntimeCollector(runtime))
     runtime.sessions.frame_observer = metrics.observe_frame
     stop_observing = observe_encoding(metrics.observe_encode)
     runtime.ready = True

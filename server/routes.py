@@ -17,8 +17,8 @@ from server.auth import require_bearer
 from server.capacity import STARTING_RETRY_AFTER_S
 from server.cpu_usage import cpu_snapshot
 from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
-from server.metrics import metrics_handler
-from server.state import RUNTIME, SETTINGS, runtime_of
+from server.metrics import CONTENT_TYPE
+from server.state import METRICS, RUNTIME, SETTINGS, runtime_of
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
@@ -155,6 +155,10 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE})
+
+
 async def client_config(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     return web.json_response({"ice_servers": [s.to_json() for s in settings.ice_servers]})
@@ -194,7 +198,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/sessions/{session_id}", session_stats)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/config", client_config)
     app.router.add_get("/avatars", list_avatars)
     app.router.add_get("/avatars/{name}/preview.png", avatar_preview)

@@ -8,41 +8,21 @@ from __future__ import annotations
 
 import fractions
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
-from pipeline.compositing import paste_patch
-from pipeline.engine import DeadlineExpiredError
-from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
+from streaming.frames import ComposedFrame
 
 logger = logging.getLogger(__name__)
 
-VIDEO_CLOCK_HZ = 90_000
-VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
-AUDIO_TIME_BASE = fractions.Fraction(1, OUTPUT_SAMPLE_RATE_HZ)
-
-
-def video_frame(image: npt.NDArray[np.uint8], pixel_format: str = "yuv420p") -> VideoFrame:
-    """An RGB (h, w, 3) image as a frame the VP8 encoder takes as it is.
-
-    The encoder needs yuv420p; handed rgb24 it converts each frame with swscale, which cost 1.4 ms of CPU per
-    320x320 frame here against 0.05 ms for OpenCV's conversion (the same BT.601 limited-range matrix; chroma
-    averaged over 2x2 pixels). Odd sizes, which 4:2:0 cannot hold exactly, stay rgb24.
-    """
-    height, width = image.shape[:2]
-    if pixel_format == "rgb24" or height % 2 or width % 2:
-        return VideoFrame.from_ndarray(image, format="rgb24")
-    planes = cast(npt.NDArray[np.uint8], cv2.cvtColor(image, cv2.COLOR_RGB2YUV_I420))  # (1.5 h, w)
-    return VideoFrame.from_ndarray(planes, format="yuv420p")
+AUDIO_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 
 
 @dataclass
@@ -70,33 +50,27 @@ class _StreamTrack(MediaStreamTrack):
 
 
 class AvatarVideoTrack(_StreamTrack):
+    """Paces the stream's composed frames (:mod:`streaming.frames`): every video track of one stream gets the
+    same picture for a tick, composed once (``recv`` wraps it in a VideoFrame of this track's own)."""
+
     kind = "video"
 
-    def __init__(
-        self,
-        stream: AvatarStream,
-        on_frame: Callable[[FrameMeta], None] | None = None,
-        *,
-        pixel_format: str = "rgb24",
-    ) -> None:
-        """``pixel_format``: "rgb24", or "yuv420p" (what the VP8 encoder takes, converted here at a 30th of
-        swscale's cost; see :func:`video_frame`). Not the default yet: with it the probe's black-box mouth
-        onset came out 2 frames after the metadata's on one burst of its test, not yet explained."""
+    def __init__(self, stream: AvatarStream, on_frame: Callable[[FrameMeta], None] | None = None) -> None:
         super().__init__()
-        if pixel_format not in ("yuv420p", "rgb24"):
-            raise ValueError(f"pixel_format must be yuv420p or rgb24, got {pixel_format!r}")
         self.stream = stream
         self.on_frame = on_frame
-        self.pixel_format = pixel_format
         self.stats = VideoStats()
         self._next = 0
-        self._last: npt.NDArray[np.uint8] | None = None
 
     def start_at(self, index: int) -> None:
         """Join a running stream at tick ``index`` instead of tick 0 (a viewer arriving late)."""
         self._next = index
 
     async def recv(self) -> VideoFrame:
+        return (await self.next_frame()).video_frame()
+
+    async def next_frame(self) -> ComposedFrame:
+        """The next tick's composed frame at its presentation time (shared with the stream's consumers)."""
         stream = await self._running_stream()
         index = self._next
         await stream.clock.sleep_until(stream.present_time(index))
@@ -111,49 +85,26 @@ class AvatarVideoTrack(_StreamTrack):
         if tick is None or self.readyState != "live":  # the stream closed under us
             self.stop()
             raise MediaStreamError
-        composing = time.perf_counter()
-        image, late = self._image(tick)
-        frame = video_frame(image, self.pixel_format)
-        compose_ms = (time.perf_counter() - composing) * 1000.0
-        frame.pts = index * (VIDEO_CLOCK_HZ // stream.grid.fps)
-        frame.time_base = VIDEO_TIME_BASE
+        frame = stream.frames.compose(tick)
         self.stats.sent += 1
+        self.stats.late += int(frame.late)
+        self.stats.failed += int(frame.failed)
         if self.on_frame is not None:
-            self.on_frame(self._meta(tick, late, compose_ms))
+            self.on_frame(self._meta(tick, frame))
         return frame
 
-    def _image(self, tick: Tick) -> tuple[npt.NDArray[np.uint8], bool]:
-        base = self.stream.avatar.frames[tick.frame_index]
-        future = tick.patch
-        if future is None:
-            image = base
-        elif not future.done() or (
-            not future.cancelled() and isinstance(future.exception(), DeadlineExpiredError)
-        ):
-            self.stats.late += 1
-            return (self._last if self._last is not None else base), True
-        elif future.cancelled() or future.exception() is not None:
-            self.stats.failed += 1
-            image = base
-        else:
-            image = paste_patch(base, future.result(), tick.mix)
-        self._last = image
-        return image, False
-
-    def _meta(self, tick: Tick, late: bool, compose_ms: float) -> FrameMeta:
-        stages = {"features": round(tick.featurize_ms, 3), "compose": round(compose_ms, 3)}
+    def _meta(self, tick: Tick, frame: ComposedFrame) -> FrameMeta:
+        stages = {"features": round(tick.featurize_ms, 3), "compose": round(frame.compose_ms, 3)}
         if tick.render_ms is not None:
             stages["render"] = round(tick.render_ms, 3)
         return FrameMeta(
             frame=tick.index,
             avatar_frame=tick.frame_index,
-            input_pos_ms=(
-                None if tick.input_pos is None else tick.input_pos * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
-            ),
+            input_pos_ms=(None if tick.input_pos is None else tick.input_pos * 1000.0 / MEDIA_SAMPLE_RATE_HZ),
             speech=tick.speech,
             active=tick.patch is not None,
             mouth=[round(float(v), 4) for v in tick.conditioning.reshape(-1)[:3]],
-            late=late,
+            late=frame.late,
             stages_ms=stages,
         )
 
@@ -202,7 +153,7 @@ class AvatarAudioTrack(_StreamTrack):
         # should come back at the level it went in.
         interleaved = np.repeat(samples, 2).reshape(1, -1)
         frame = AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
-        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
         frame.pts = self._next * size
         frame.time_base = AUDIO_TIME_BASE
         self._next += 1

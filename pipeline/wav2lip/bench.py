@@ -17,6 +17,7 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderItem
+from pipeline.timing import FPS
 from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
@@ -25,6 +26,7 @@ BENCH_FRAME_SIZE_PX = 512  # synthetic avatar frames, square
 BENCH_FACE_BOX = (128, 96, 384, 352)  # x1, y1, x2, y2: a 256x256 face
 BENCH_AVATAR_FRAMES = 8
 WARMUP_ITERS = 3
+MODEL_BATCH_SIZES = (1, 8, 32, 128)  # benchmark_model's default sizes
 
 
 def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, seed: int = 0) -> Avatar:
@@ -36,7 +38,7 @@ def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, see
     boxes = np.tile(np.array(BENCH_FACE_BOX, dtype=np.int32), (frames, 1))
     mouth = [x1 + 64, y2 - 60, x2 - 64, y2 - 60, y2 - 60, y2 - 10]
     mouths = np.tile(np.array(mouth, dtype=np.float32), (frames, 1))
-    return Avatar(name, 25, pixels, boxes, mouths)
+    return Avatar(name, FPS, pixels, boxes, mouths)
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device, iters: int) -> float:
@@ -72,7 +74,7 @@ def _row(config: str, device: torch.device, dtype: torch.dtype, batch: int, ms: 
 @torch.no_grad()
 def benchmark_model(
     device: str | torch.device = "cpu",
-    batch_sizes: Sequence[int] = (1, 8, 32, 128),
+    batch_sizes: Sequence[int] = MODEL_BATCH_SIZES,
     iters: int = 10,
 ) -> list[dict[str, Any]]:
     """Time the model per batch size in three configurations; one dict per (config, batch size).

@@ -22,7 +22,7 @@ from server.probe import analysis
 from server.probe.client import CallRecording, call
 from server.probe.load import HealthPoller, SelfSampler, clients_load, format_load, server_load
 from server.probe.patterns import burst_pattern, load_audio
-from server.probe.plot import write_png
+from server.probe.plot import write_plots
 from server.probe.report import CallReport, analyse, percentiles
 from streaming.rtc import restrict_host_addresses
 
@@ -52,7 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="spread the sessions' clients over this many processes (one Python process holds ~10 calls)",
     )
     p.add_argument("--json", type=Path, help="write the full results here")
-    p.add_argument("--png", type=Path, help="write the latency histogram and timeline here")
+    p.add_argument(
+        "--png",
+        type=Path,
+        help="write the latency histogram and timeline here, and as SVG beside it (needs lipcast[probe])",
+    )
     p.add_argument("--max-mouth-latency-p95-ms", type=float)
     p.add_argument("--max-av-offset-p95-ms", type=float, help="limit on |A/V offset| p95")
     p.add_argument("--min-fps", type=float, help="limit on every session's received fps")
@@ -348,7 +352,7 @@ def main(args: argparse.Namespace) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if args.png:
-        write_png(args.png, reports, f"lipcast probe: {url}, {len(reports)} session(s)")
+        write_plots(args.png, reports, f"lipcast probe: {url}, {len(reports)} session(s)")
     missed = check(
         s,
         Thresholds(

@@ -119,7 +119,9 @@ async def test_whep_viewers_get_the_callers_frames_encoded_once(aiohttp_client) 
     client = await aiohttp_client(create_app(Settings()))
     url = base_url(client)
     syllables = [("speech", 0.24), ("silence", 0.24)] * 5  # many onsets: the mouth moves a lot
-    sent = to_int16(speech_pattern([("silence", 0.6), *syllables, ("silence", 0.3)]))
+    # 2 s of silence first: the viewers connect during it (up to ~1.5 s after the caller on a busy machine),
+    # so each sees all of the syllables and 100+ frames in all.
+    sent = to_int16(speech_pattern([("silence", 2.0), *syllables, ("silence", 0.3)]))
     caller = await open_publisher(client.session, url, sent, signalling="offer")
     viewers = []
     try:

@@ -91,7 +91,7 @@ async def test_frames_at_rest_are_not_rendered() -> None:
     try:
         stream, buffer, clock = make_stream(engine)
         stream.start()
-        video = AvatarVideoTrack(stream, pixel_format="rgb24")
+        video = AvatarVideoTrack(stream)
         task = asyncio.create_task(collect(video, 5))
         await clock.advance(0.3)
         frames = await task
@@ -112,7 +112,7 @@ async def test_late_render_repeats_the_previous_frame_and_failure_shows_the_avat
     base = stream.avatar.frames[0]
     patch = RenderedPatch(np.full((8, 8, 3), 200, np.uint8), 4, 4)
     stream.start()
-    video = AvatarVideoTrack(stream, pixel_format="rgb24")
+    video = AvatarVideoTrack(stream)
     await clock.advance(0.001)  # tick 0 produced at the start
     renderer.submitted[0][2].set_result(patch)
     first = asyncio.create_task(video.recv())
@@ -135,7 +135,7 @@ async def test_late_render_repeats_the_previous_frame_and_failure_shows_the_avat
 
 async def test_tracks_end_when_the_stream_stops() -> None:
     stream, _, clock = make_stream(ManualRenderer())
-    video, audio = AvatarVideoTrack(stream, pixel_format="rgb24"), AvatarAudioTrack(stream)
+    video, audio = AvatarVideoTrack(stream), AvatarAudioTrack(stream)
     pending = [asyncio.create_task(video.recv()), asyncio.create_task(audio.recv())]
     await asyncio.sleep(0)
     await stream.stop()
@@ -163,7 +163,7 @@ async def test_a_failing_producer_ends_the_stream_for_its_tracks_and_stop_comple
     stream.featurizer = BrokenFeaturizer(good_pushes=3)
     failures: list[Exception] = []
     stream.on_failure = failures.append
-    video, audio = AvatarVideoTrack(stream, pixel_format="rgb24"), AvatarAudioTrack(stream)
+    video, audio = AvatarVideoTrack(stream), AvatarAudioTrack(stream)
     stream.start()
     video_task = asyncio.create_task(collect(video, 10))
     audio_task = asyncio.create_task(collect(audio, 20))
