@@ -32,7 +32,7 @@ from server.sessions import SessionManager
 from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
-from streaming.rtc import observe_encoding
+from streaming.rtc import observe_encoding, use_fast_audio_level
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ def create_app(
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
+    use_fast_audio_level()  # the same audio level figure for a 20th of the CPU (every outbound packet)
     if runtime_builder is not None:
         app[RUNTIME_BUILDER] = runtime_builder
     app[METRICS] = Metrics()

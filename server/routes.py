@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 import cv2
@@ -14,6 +15,7 @@ from pipeline.avatar import Avatar
 from server import cors, push, whip_whep
 from server.auth import require_bearer
 from server.capacity import STARTING_RETRY_AFTER_S
+from server.cpu_usage import cpu_snapshot
 from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from server.metrics import CONTENT_TYPE
 from server.state import METRICS, RUNTIME, SETTINGS, runtime_of
@@ -128,11 +130,13 @@ async def healthz(request: web.Request) -> web.Response:
             "sessions": len(runtime.sessions.sessions),
             "frames_sent_total": runtime.sessions.frames_sent_total,
             "process_cpu_s": round(time.process_time(), 3),
+            "cpu": cpu_snapshot(),
             "max_sessions": runtime.settings.max_sessions,
             "engine": {
                 "running": runtime.engine.running,
                 "warmup_s": runtime.engine.warmup_s,
                 "batch_sizes": list(runtime.engine.batch_sizes),
+                "stats": asdict(runtime.engine.stats),  # counters: batches, frames, busy_s, expired
             },
             **runtime.device,
         }

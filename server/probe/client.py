@@ -16,7 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
-from streaming.rtc import tune_receiver_latency
+from streaming.rtc import tune_receiver_latency, use_fast_audio_level
 
 
 class ProbeError(RuntimeError):
@@ -48,6 +48,7 @@ async def call(
     http: aiohttp.ClientSession | None = None,
 ) -> CallRecording:
     """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer."""
+    use_fast_audio_level()  # the probe's senders too: it has to drive 40+ calls from a few cores
     own_http = http is None
     http = http or aiohttp.ClientSession()
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
