@@ -7,7 +7,7 @@
 #   STEPS="1 2" STEP_S=4 WORKERS=2 SERVER_CPUS=0 CLIENT_CPUS=1 DEVICE=cpu BACKENDS=builtin \
 #     benchmarks/media_workers_ramp.sh                  # a smoke test on a small CPU box
 set -u
-RESULTS=${OUT:-/tmp/media_ramp}  # only summary.txt and probes.tgz go here (the device returns 8 files)
+RESULTS=${OUT:-/tmp/media_ramp}  # only summary.txt, processes.txt and probes.tgz go here (the device returns 8 files)
 OUT=$(mktemp -d /tmp/media_ramp_work.XXXX)
 mkdir -p "$RESULTS"
 PY=${PY:-python3}
@@ -19,25 +19,16 @@ CLIENT_CPUS=${CLIENT_CPUS:-10-15}
 CLIENT_PROCS=${CLIENT_PROCS:-6}
 DEVICE=${DEVICE:-cuda}
 BACKENDS=${BACKENDS:-"wav2lip builtin"}
+ONE_SESSION=${ONE_SESSION:-1}  # 1: a one-session step first (the reference latency)
+VARIANTS=${VARIANTS:-}        # extra steps after the ramp, SESSIONS:CLIENT_PROCESSES (e.g. "40:12")
+RENDER_IN=${RENDER_IN:-auto}  # --render-in of the server (auto: built-in on a CPU renders in each worker)
 PORT=${PORT:-8093}
 DEADLINE_S=${DEADLINE_S:-480}  # stop starting new steps after this (the device command limit is 600 s)
 START=$(date +%s)
 
-summary() {  # one line per step from the probe's JSON
-  $PY - "$1" "$2" "$3" <<'PYEOF'
-import json, sys
-path, backend, n = sys.argv[1:]
-try:
-    s = json.load(open(path))["summary"]
-except (OSError, ValueError, KeyError) as e:
-    print(f"{backend} {n}: no result ({e})"); sys.exit()
-cpu = s.get("server_cpu") or {}
-m = s["mouth_latency_ms"]; o = s["abs_av_offset_ms"]
-print(f"{backend} sessions={n} ok={s['sessions']} fps_min={s['fps_min']} fps_mean={s['fps_mean']}"
-      f" gaps>60ms={s['frame_gaps']} freezes={s['freezes']} late={s['late_frames']}"
-      f" mouth_p50={m.get('p50')} p95={m.get('p95')} |av|_p95={o.get('p95')}"
-      f" cpu_ms_per_frame={cpu.get('cpu_ms_per_frame')} cores_busy={cpu.get('cores_busy')}")
-PYEOF
+HERE=$(cd "$(dirname "$0")" && pwd)
+summary() {  # one line per step: the probe's figures, CPU per process, engine, GPU utilisation
+  $PY "$HERE/ramp_summary.py" "$@"
 }
 
 if [ "$DEVICE" = cuda ]; then
@@ -47,31 +38,39 @@ for backend in $BACKENDS; do
   extra=()
   if [ "$backend" = wav2lip ]; then extra=(--checkpoint /tmp/w2l_random.pth); fi
   taskset -c "$SERVER_CPUS" $PY -m server serve --backend "$backend" "${extra[@]}" --device "$DEVICE" \
-    --port "$PORT" --max-sessions 64 --media-workers "$WORKERS" --ice-address 127.0.0.1 --log-level WARNING \
+    --port "$PORT" --max-sessions 64 --media-workers "$WORKERS" --render-in "$RENDER_IN" \
+    --ice-address 127.0.0.1 --log-level WARNING \
     > "$OUT/serve_$backend.log" 2>&1 &
   SERVER=$!
   for i in $(seq 1 1800); do curl -sf "http://127.0.0.1:$PORT/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
   curl -s "http://127.0.0.1:$PORT/healthz" > "$OUT/healthz_$backend.json"
-  if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_$backend.csv" &
-    SMI=$!
-  else
-    SMI=
-  fi
-  for n in 1 $STEPS; do
-    if [ $(( $(date +%s) - START )) -gt "$DEADLINE_S" ]; then echo "$backend $n: skipped (time)"; continue; fi
+  first=1
+  [ "$ONE_SESSION" = 1 ] || first=
+  steps_var="STEPS_${backend^^}"  # STEPS_WAV2LIP / STEPS_BUILTIN: this backend's own steps
+  for step in $first ${!steps_var:-$STEPS} $VARIANTS; do
+    n=${step%%:*}
     procs=$(( n < CLIENT_PROCS ? 1 : CLIENT_PROCS ))
-    echo "== $backend: $n session(s), $procs client process(es) at $(date +%T)" >> "$OUT/gpu_$backend.csv"
+    if [ "$step" != "$n" ]; then procs=${step#*:}; n="${n}p$procs"; fi  # a variant: n:client processes
+    if [ $(( $(date +%s) - START )) -gt "$DEADLINE_S" ]; then echo "$backend $n: skipped (time)"; continue; fi
+    gpu="$OUT/gpu_${backend}_$n.csv"
+    SMI=
+    if command -v nvidia-smi > /dev/null; then
+      nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$gpu" &
+      SMI=$!
+    fi
     timeout $(( STEP_S + 60 )) taskset -c "$CLIENT_CPUS" $PY -m server probe "http://127.0.0.1:$PORT" \
-      --ice-address 127.0.0.1 --sessions "$n" --client-processes "$procs" --ramp-s 2 --duration-s "$STEP_S" \
+      --ice-address 127.0.0.1 --sessions "${n%%p*}" --client-processes "$procs" --ramp-s 2 --duration-s "$STEP_S" \
       --json "$OUT/probe_${backend}_$n.json" > "$OUT/probe_${backend}_$n.txt" 2>&1
-    summary "$OUT/probe_${backend}_$n.json" "$backend" "$n" | tee -a "$OUT/summary.txt"
+    if [ -n "$SMI" ]; then kill "$SMI"; wait "$SMI" 2> /dev/null; fi
+    summary "$OUT/probe_${backend}_$n.json" "$backend" "$n" "$gpu" | tee -a "$OUT/summary.txt"
+    { echo "== $backend, $n session(s)"; sed -n '/server CPU/,$p' "$OUT/probe_${backend}_$n.txt"; } \
+      >> "$OUT/processes.txt"
+    echo "$backend $n: step ended at $(( $(date +%s) - START )) s" >> "$OUT/processes.txt"
   done
   curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_$backend.txt"
-  [ -n "$SMI" ] && kill "$SMI"
   kill -TERM "$SERVER"; wait "$SERVER"
 done
 (cd "$OUT" && tar -czf "$RESULTS/probes.tgz" probe_*.json probe_*.txt healthz_*.json gpu_*.csv metrics_*.txt \
   serve_*.log 2>/dev/null)
-cp "$OUT/summary.txt" "$RESULTS/" 2>/dev/null
+cp "$OUT/summary.txt" "$OUT/processes.txt" "$RESULTS/" 2>/dev/null
 ls "$RESULTS"

@@ -58,6 +58,7 @@ from pipeline.face_track import (
     int_boxes,
     smooth_over_time,
 )
+from pipeline.timing import FPS
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,9 @@ UInt8Array = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float32]
 Progress = Callable[[int, int | None], None]  # (frames done, frames expected or None)
 
-DEFAULT_FPS = 25
 DEFAULT_MAX_SIDE_PX = 640  # avatar frames: every session encodes them at 25 fps
 DEFAULT_MAX_DURATION_S = 60.0
-FACE_CHECK_FRAMES = 25  # a face must show within the first second
+FACE_CHECK_FRAMES = FPS  # a face must show within the first second
 MIN_FACE_SHARE = 0.5  # ... and in at least this share of all frames
 IMAGE_FORMATS = ("image2",)  # and FFmpeg's "*_pipe" image demuxers (png_pipe, jpeg_pipe, ...)
 
@@ -98,7 +98,7 @@ class MediaInfo:
 
 @dataclass(frozen=True)
 class PrepareOptions:
-    fps: int = DEFAULT_FPS
+    fps: int = FPS
     max_side_px: int = DEFAULT_MAX_SIDE_PX
     max_duration_s: float = DEFAULT_MAX_DURATION_S
     truncate: bool = True  # longer inputs: keep the first max_duration_s (else refuse them)

@@ -21,7 +21,9 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from pipeline.defaults import RENDER_BUDGET_MS
 from pipeline.engine import RenderEngine
+from pipeline.timing import FEATURE_SAMPLES_PER_FRAME, FPS
 
 
 @dataclass
@@ -47,7 +49,7 @@ class LoadResult:
 def featurizer_us_per_hop(backend: LipSyncBackend, hops: int = 500) -> float:
     featurizer = backend.new_featurizer()
     rng = np.random.default_rng(0)
-    audio = (0.1 * rng.standard_normal((hops, 640))).astype(np.float32)
+    audio = (0.1 * rng.standard_normal((hops, FEATURE_SAMPLES_PER_FRAME))).astype(np.float32)
     start = time.perf_counter()
     for hop in audio:
         featurizer.push(hop)
@@ -60,8 +62,8 @@ def run_load(
     sessions: int,
     *,
     seconds: float = 4.0,
-    fps: int = 25,
-    budget_ms: float = 40.0,
+    fps: int = FPS,
+    budget_ms: float = RENDER_BUDGET_MS,
     seed: int = 0,
 ) -> LoadResult:
     """Drive ``sessions`` simulated sessions for ``seconds``; the engine must be started."""
@@ -132,7 +134,7 @@ def find_capacity(
     start: int = 1,
     limit: int = 4096,
     seconds: float = 4.0,
-    budget_ms: float = 40.0,
+    budget_ms: float = RENDER_BUDGET_MS,
 ) -> tuple[int, list[LoadResult]]:
     """Double the session count until a frame is late, then bisect: the most with every frame on time."""
     results: list[LoadResult] = []

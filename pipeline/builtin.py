@@ -19,6 +19,7 @@ import torch
 
 from pipeline.avatar import Avatar, UnknownAvatarError
 from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.defaults import BUILTIN
 from pipeline.features import CONDITIONING_SIZE, DEFAULT_LOOKAHEAD_MS, MouthFeaturizer
 from pipeline.mouth_warp import render_mouths
 from pipeline.windows import FrameGrid
@@ -80,7 +81,7 @@ class BuiltinBackend:
     Conditioning: float32 ``(3,)`` = ``[open, wide, round]`` in [0, 1] (see :mod:`pipeline.features`).
     """
 
-    name = "builtin"
+    name = BUILTIN
     # A frame rendered at rest is the avatar frame itself, but the attack is fast (a syllable can open the
     # mouth most of the way in one frame): blend the first frames out of idle so a switch is no jump.
     crossfade_frames = 3

@@ -28,11 +28,9 @@ import numpy as np
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from pipeline.warmup import WARMUP_TIMED_RENDERS, time_batch_sizes
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
-WARMUP_TIMED_RENDERS = 5  # after the first render of a size (which captures, tunes, compiles)
 
 
 class EngineStoppedError(RuntimeError):
@@ -87,12 +85,15 @@ class RenderEngine:
     def __init__(
         self,
         backend: LipSyncBackend,
-        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        batch_sizes: Sequence[int],
         *,
         clock: Callable[[], float] = time.monotonic,
         worker_niceness: int = 0,
     ) -> None:
-        """``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
+        """``batch_sizes``: the fixed batch buckets (:func:`pipeline.defaults.default_batch_sizes` picks
+        them per device).
+
+        ``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
         device rendering is best effort (a late frame is repeated) while the media clock must never stall."""
         sizes = tuple(sorted(set(batch_sizes)))
         if not sizes or sizes[0] < 1:
@@ -173,16 +174,10 @@ class RenderEngine:
             raise RuntimeError("add an avatar before warming up the engine")
         avatar = next(iter(self._avatars.values()))
         conditioning = np.zeros(self.backend.conditioning_shape, dtype=np.float32)
-        timings: dict[int, float] = {}
         start = self._clock()
-        for size in self.batch_sizes:
-            items = [RenderItem(avatar.name, i % avatar.frame_count, conditioning) for i in range(size)]
-            times_ms = []
-            for _ in range(1 + repeats):
-                t0 = time.perf_counter()
-                self.backend.render(items)
-                times_ms.append((time.perf_counter() - t0) * 1000.0)
-            timings[size] = float(np.median(times_ms[1:] or times_ms))
+        timings = time_batch_sizes(
+            self.backend.render, avatar.name, avatar.frame_count, conditioning, self.batch_sizes, repeats
+        )
         self.warmup_s = self._clock() - start
         logger.info("engine warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
         return timings

@@ -20,11 +20,13 @@ import av
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.audio_file import decode_audio
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.compositing import paste_patch
 from pipeline.engine import RenderEngine
-from pipeline.windows import FEATURE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATE_HZ, FrameGrid
+from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS, MEDIA_SAMPLE_RATE_HZ
+from pipeline.windows import FrameGrid
 
 Progress = Callable[[int, int, float], None]
 
@@ -41,26 +43,11 @@ class RenderSummary:
         return self.audio_s / self.wall_s if self.wall_s > 0 else float("inf")
 
 
-def decode_audio(path: Path, rate_hz: int) -> npt.NDArray[np.float32]:
-    """Any audio file PyAV reads, as mono float32 in [-1, 1] at ``rate_hz``."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate_hz)
-    chunks: list[npt.NDArray[np.float32]] = []
-    with av.open(str(path)) as container:
-        if not container.streams.audio:
-            raise ValueError(f"{path} has no audio stream")
-        for frame in container.decode(audio=0):
-            chunks.extend(f.to_ndarray().reshape(-1).astype(np.float32) for f in resampler.resample(frame))
-    chunks.extend(f.to_ndarray().reshape(-1).astype(np.float32) for f in resampler.resample(None))
-    if not chunks:
-        raise ValueError(f"{path} holds no audio")
-    return np.concatenate(chunks).astype(np.float32)
-
-
 def text_progress(stream: TextIO = sys.stderr) -> Progress:
     def report(done: int, total: int, elapsed_s: float) -> None:
         width = 30
         filled = width * done // max(1, total)
-        speed = done / 25.0 / elapsed_s if elapsed_s > 0 else 0.0
+        speed = done / FPS / elapsed_s if elapsed_s > 0 else 0.0
         stream.write(
             f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} frames, {speed:.2f}x real time"
         )
@@ -77,7 +64,7 @@ def render_file(
     audio_path: Path,
     out_path: Path,
     *,
-    fps: int = 25,
+    fps: int = FPS,
     progress: Progress | None = None,
 ) -> RenderSummary:
     """Render ``audio_path`` with ``avatar`` into ``out_path`` (H.264 + AAC MP4). The engine must run."""
@@ -85,7 +72,7 @@ def render_file(
     hop = grid.samples_per_frame
     start = time.monotonic()
     features = decode_audio(audio_path, FEATURE_SAMPLE_RATE_HZ)
-    voice = decode_audio(audio_path, OUTPUT_SAMPLE_RATE_HZ)
+    voice = decode_audio(audio_path, MEDIA_SAMPLE_RATE_HZ)
     featurizer = engine.backend.new_featurizer()
     lookahead = featurizer.lookahead_samples
     frames = -(-(len(features) + lookahead) // hop)  # every input sample ends up in some frame
@@ -111,7 +98,7 @@ def render_file(
                 pending.clear()
                 if progress:
                     progress(done, frames, time.monotonic() - start)
-    return RenderSummary(frames, len(voice) / OUTPUT_SAMPLE_RATE_HZ, time.monotonic() - start, rendered)
+    return RenderSummary(frames, len(voice) / MEDIA_SAMPLE_RATE_HZ, time.monotonic() - start, rendered)
 
 
 class _Writer:
@@ -125,7 +112,7 @@ class _Writer:
         self.video_stream.width, self.video_stream.height = self.width, self.height
         self.video_stream.pix_fmt = "yuv420p"
         self.video_stream.options = {"preset": "veryfast", "crf": "18"}
-        self.audio_stream = self.container.add_stream("aac", rate=OUTPUT_SAMPLE_RATE_HZ)
+        self.audio_stream = self.container.add_stream("aac", rate=MEDIA_SAMPLE_RATE_HZ)
         self.audio_stream.layout = "mono"
         self.pts = 0
 
@@ -140,12 +127,12 @@ class _Writer:
         self.container.close()
 
     def audio(self, samples: npt.NDArray[np.float32], delay_s: float) -> None:
-        lead = np.zeros(round(delay_s * OUTPUT_SAMPLE_RATE_HZ), np.float32)
+        lead = np.zeros(round(delay_s * MEDIA_SAMPLE_RATE_HZ), np.float32)
         data = np.concatenate([lead, samples]).reshape(1, -1)
         frame = av.AudioFrame.from_ndarray(data, format="flt", layout="mono")
-        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
         frame.pts = 0
-        frame.time_base = Fraction(1, OUTPUT_SAMPLE_RATE_HZ)
+        frame.time_base = Fraction(1, MEDIA_SAMPLE_RATE_HZ)
         for packet in self.audio_stream.encode(frame):
             self.container.mux(packet)
 

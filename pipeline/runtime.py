@@ -11,21 +11,16 @@ from typing import Any
 import torch
 
 from pipeline.backend import LipSyncBackend
+from pipeline.defaults import BACKENDS, BUILTIN, WAV2LIP
 
 logger = logging.getLogger(__name__)
 
-CUDA_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-CPU_BATCH_SIZES = (1, 2, 4, 8)
-RENDER_BUDGET_MS = 40.0  # one frame: the built-in backend, and Wav2Lip on a GPU, render in a few ms
 # On CUDA the budget comes from the warm-up timings instead (measured_render_budget_ms): a frame may find
 # the batch before it still running and then needs its own, so twice the bucket's time, plus the hand-offs
 # between the event loop and the engine thread (GIL, wake-ups) that the warm-up cannot see.
 RENDER_BUDGET_MARGIN_MS = 10.0
 MIN_RENDER_BUDGET_MS = 10.0
 MAX_MEASURED_RENDER_BUDGET_MS = 400.0
-# Wav2Lip on a CPU takes ~45 ms a frame alone and ~30 ms a frame in batches of 8: it keeps up with 25 fps
-# only when frames can wait to be batched.
-CPU_WAV2LIP_RENDER_BUDGET_MS = 400.0
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -56,19 +51,6 @@ def device_report(device: torch.device) -> dict[str, Any]:
         if not torch.backends.cudnn.is_available():
             logger.warning("cuDNN is not available: convolutions will be slow")
     return report
-
-
-def default_batch_sizes(device: torch.device) -> tuple[int, ...]:
-    """The engine's batch buckets: up to 128 frames on a GPU, up to 8 on a CPU (where bigger batches only
-    add latency)."""
-    return CUDA_BATCH_SIZES if device.type == "cuda" else CPU_BATCH_SIZES
-
-
-def default_render_budget_ms(backend: str, device: torch.device) -> float:
-    """How long a frame may take from submission to presentation before it is replaced."""
-    if backend == "wav2lip" and device.type != "cuda":
-        return CPU_WAV2LIP_RENDER_BUDGET_MS
-    return RENDER_BUDGET_MS
 
 
 def measured_render_budget_ms(
@@ -103,7 +85,7 @@ def configure_threads(backend: str, device: torch.device, requested: int | None 
     """Set torch's CPU thread count: the built-in backend's renders are tiny (a thread each is fastest, and
     the cores stay free for video encoding); Wav2Lip on a CPU needs every core. Returns the count."""
     if requested is None:
-        requested = (os.cpu_count() or 1) if (backend == "wav2lip" and device.type == "cpu") else 1
+        requested = (os.cpu_count() or 1) if (backend == WAV2LIP and device.type == "cpu") else 1
     torch.set_num_threads(max(1, requested))
     return torch.get_num_threads()
 
@@ -137,27 +119,30 @@ def create_backend(
     lookahead_ms: float | None = None,
     batch_sizes: Sequence[int] = (),
     wav2lip_alignment: str = "inference",
+    random_weights: bool = False,
     compile_cache_dir: Path | None = None,
     compile_mode: str | None = None,
 ) -> LipSyncBackend:
     """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation).
+
+    Wav2Lip needs a ``checkpoint`` unless ``random_weights`` (benchmarks and tests only);
     ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`)."""
-    if name == "builtin":
+    if name == BUILTIN:
         from pipeline.builtin import BuiltinBackend
 
         kwargs: dict[str, Any] = {} if lookahead_ms is None else {"lookahead_ms": lookahead_ms}
         return BuiltinBackend(device, **kwargs)
-    if name == "wav2lip":
+    if name == WAV2LIP:
         from pipeline.wav2lip.backend import Wav2LipBackend
 
-        if checkpoint is None:
+        if checkpoint is None and not random_weights:
             raise ValueError("the wav2lip backend needs a checkpoint file")
         from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT
 
         offset = TRAINING_ALIGNMENT if wav2lip_alignment == "training" else INFERENCE_ALIGNMENT
         from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
 
-        sizes = tuple(batch_sizes) or default_batch_sizes(device)
+        sizes = tuple(batch_sizes) or None  # None: the device's default
         cache = None if compile_cache_dir is None else CompileCache(compile_cache_dir)
         return Wav2LipBackend(
             checkpoint,
@@ -167,4 +152,4 @@ def create_backend(
             compile_cache=cache,
             compile_mode=compile_mode or COMPILE_MODE,
         )
-    raise ValueError(f"unknown backend {name!r}")
+    raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")

@@ -11,15 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-FEATURE_SAMPLE_RATE_HZ = 16_000
-OUTPUT_SAMPLE_RATE_HZ = 48_000
+from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS
 
 
 @dataclass(frozen=True)
 class FrameGrid:
     """Sample arithmetic for one frame rate."""
 
-    fps: int = 25
+    fps: int = FPS
     sample_rate_hz: int = FEATURE_SAMPLE_RATE_HZ
 
     def __post_init__(self) -> None:

@@ -11,28 +11,29 @@ from pathlib import Path
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
-from pipeline.engine import WARMUP_TIMED_RENDERS, RenderEngine
+from pipeline.defaults import default_batch_sizes, default_render_budget_ms
+from pipeline.engine import RenderEngine
 from pipeline.registry import AvatarRegistry
 from pipeline.runtime import (
     configure_threads,
     create_backend,
-    default_batch_sizes,
-    default_render_budget_ms,
     device_report,
     measured_render_budget_ms,
     render_niceness,
     resolve_compile,
     resolve_device,
 )
+from pipeline.warmup import WARMUP_TIMED_RENDERS
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
 from server.metrics import Metrics
+from server.runtime_metrics import RuntimeCollector
 from server.sessions import SessionManager
 from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
-from streaming.rtc import observe_encoding
+from streaming.rtc import observe_encoding, use_fast_audio_level
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = await loop.run_in_executor(None, builder, settings, clock)
     runtime.engine.start()
     metrics = app[METRICS]
-    metrics.attach(runtime)
+    metrics.attach(RuntimeCollector(runtime))
     runtime.sessions.frame_observer = metrics.observe_frame
     stop_observing = observe_encoding(metrics.observe_encode)
     runtime.ready = True
@@ -162,6 +163,7 @@ def create_app(
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
+    use_fast_audio_level()  # the same audio level figure for a 20th of the CPU (every outbound packet)
     if runtime_builder is not None:
         app[RUNTIME_BUILDER] = runtime_builder
     app[METRICS] = Metrics()

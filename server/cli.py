@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from server import avatar_cli, engine_cli, tools_cli
-from server.config import build_parser, settings_from
+from server.flags import build_parser, settings_from
 from server.probe.cli import add_arguments as add_probe_arguments
 from streaming.rtc import restrict_host_addresses
 

@@ -1,23 +1,26 @@
-"""One frozen settings object, built once from command-line flags and ``LIPCAST_*`` environment variables.
+"""One frozen settings object: the fields, their defaults and their validation.
 
-Precedence: flag > environment > default. Every component gets the settings (or the part it needs) through
-its constructor; nothing reads the environment anywhere else.
+It is built once from command-line flags and ``LIPCAST_*`` environment variables (:mod:`server.flags`). Every
+component gets the settings (or the part it needs) through its constructor; nothing reads the environment
+anywhere else.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
+from pipeline.defaults import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    WAV2LIP,
+)
+from pipeline.timing import FPS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-ENV_PREFIX = "LIPCAST_"
-BACKENDS = ("builtin", "wav2lip")
 RENDER_PLACES = ("auto", "engine", "worker")
 
 
@@ -48,12 +51,12 @@ class Settings:
     ice_servers: tuple[IceServer, ...] = ()
     ice_addresses: tuple[str, ...] = ()  # empty: every interface's addresses
     max_sessions: int = 4
-    backend: str = "builtin"
+    backend: str = DEFAULT_BACKEND
     checkpoint: Path | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     avatar: str = DEFAULT_AVATAR
     avatar_dirs: tuple[Path, ...] = (BUILTIN_AVATAR_DIR,)
-    fps: int = 25
+    fps: int = FPS
     lookahead_ms: float | None = None  # None: the backend's default
     wav2lip_alignment: str = "inference"  # "inference" (published) or "training" (one frame earlier)
     # torch.compile of Wav2Lip's network per bucket: auto = on CUDA with Triton when a build exists, off on
@@ -105,10 +108,10 @@ class Settings:
             problems.append("max_sessions must be at least 1")
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {', '.join(BACKENDS)}")
-        if self.backend == "wav2lip" and self.checkpoint is None:
+        if self.backend == WAV2LIP and self.checkpoint is None:
             problems.append("--backend wav2lip needs --checkpoint PATH (the project ships no weights)")
-        if self.fps not in (25,):
-            problems.append("fps must be 25 (the lip-sync models' frame rate)")
+        if self.fps != FPS:
+            problems.append(f"fps must be {FPS} (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
             problems.append("vad_aggressiveness must be 0..3")
         if (self.jitter_buffer_ms is not None and self.jitter_buffer_ms <= 0) or (
@@ -152,297 +155,3 @@ class Settings:
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
-
-
-def _ice_servers(urls: Sequence[str], username: str | None, credential: str | None) -> tuple[IceServer, ...]:
-    servers = []
-    for url in urls:
-        url = url.strip()
-        if not url:
-            continue
-        if not url.startswith(("stun:", "turn:", "turns:")):
-            raise ValueError(f"ICE server URL must start with stun:, turn: or turns:, got {url!r}")
-        is_turn = url.startswith("turn")
-        servers.append(IceServer((url,), username if is_turn else None, credential if is_turn else None))
-    return tuple(servers)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--host", help="address to listen on (env LIPCAST_HOST)")
-    p.add_argument("--port", type=int, help="HTTP port (env LIPCAST_PORT)")
-    p.add_argument(
-        "--ice-server",
-        action="append",
-        dest="ice_servers",
-        metavar="URL",
-        help="STUN/TURN URL, repeatable (env LIPCAST_ICE_SERVERS, comma-separated)",
-    )
-    p.add_argument(
-        "--ice-address",
-        action="append",
-        dest="ice_addresses",
-        metavar="ADDR",
-        help="offer only this local address as an ICE host candidate, repeatable "
-        "(env LIPCAST_ICE_ADDRESSES, comma-separated)",
-    )
-    p.add_argument("--ice-username", help="TURN username (env LIPCAST_ICE_USERNAME)")
-    p.add_argument("--ice-credential", help="TURN credential (env LIPCAST_ICE_CREDENTIAL)")
-    p.add_argument("--max-sessions", type=int, help="concurrent calls (env LIPCAST_MAX_SESSIONS)")
-    p.add_argument("--backend", choices=BACKENDS, help="lip-sync backend (env LIPCAST_BACKEND)")
-    p.add_argument("--checkpoint", type=Path, help="Wav2Lip checkpoint (env LIPCAST_CHECKPOINT)")
-    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (env LIPCAST_DEVICE)")
-    p.add_argument("--avatar", help="default avatar name (env LIPCAST_AVATAR)")
-    p.add_argument(
-        "--avatar-dir",
-        action="append",
-        dest="avatar_dirs",
-        type=Path,
-        metavar="DIR",
-        help="extra avatar directory, repeatable (env LIPCAST_AVATAR_DIRS, ':'-separated)",
-    )
-    p.add_argument("--fps", type=int, help="output frame rate (env LIPCAST_FPS)")
-    p.add_argument(
-        "--lookahead-ms",
-        type=float,
-        help="audio the backend looks ahead per frame (env LIPCAST_LOOKAHEAD_MS)",
-    )
-    p.add_argument(
-        "--jitter-buffer-ms",
-        help="inbound audio buffered before playout: a fixed depth in ms (default 60), or 'adaptive' to"
-        " follow the observed network jitter from one frame (40 ms) up (env LIPCAST_JITTER_BUFFER_MS)",
-    )
-    p.add_argument(
-        "--render-budget-ms",
-        type=float,
-        help="time a frame may take to render before it is replaced; without it: derived from the engine's"
-        " measured warm-up time on CUDA, 40 ms (400 ms for wav2lip) on a CPU (env LIPCAST_RENDER_BUDGET_MS)",
-    )
-    p.add_argument(
-        "--vad-aggressiveness",
-        type=int,
-        choices=range(4),
-        help="webrtcvad mode 0-3 (env LIPCAST_VAD_AGGRESSIVENESS)",
-    )
-    p.add_argument(
-        "--wav2lip-alignment",
-        choices=("inference", "training"),
-        help="where a frame's 200 ms mel window starts: at the frame (inference, as published) or one frame"
-        " earlier (training; 40 ms less latency) (env LIPCAST_WAV2LIP_ALIGNMENT)",
-    )
-    p.add_argument(
-        "--wav2lip-compile",
-        choices=("auto", "on", "off"),
-        help="torch.compile Wav2Lip's kernels per batch size: auto (default) uses them on CUDA when `lipcast"
-        " engine build` has built them, on also builds them at start, off never; a CPU renders eager"
-        " (env LIPCAST_WAV2LIP_COMPILE)",
-    )
-    p.add_argument(
-        "--wav2lip-compile-mode",
-        choices=("default", "max-autotune-no-cudagraphs"),
-        help="torch.compile mode: default (fusion, no autotuning) or max-autotune-no-cudagraphs (autotunes"
-        " every convolution; builds far longer) (env LIPCAST_WAV2LIP_COMPILE_MODE)",
-    )
-    p.add_argument(
-        "--compile-cache-dir",
-        type=Path,
-        metavar="DIR",
-        help="where compiled kernels are kept (default ~/.cache/lipcast/compile; `lipcast engine build`"
-        " fills it) (env LIPCAST_COMPILE_CACHE_DIR)",
-    )
-    p.add_argument(
-        "--max-session-s",
-        type=float,
-        help="close a call after this many seconds, 0 for no limit (env LIPCAST_MAX_SESSION_S)",
-    )
-    p.add_argument(
-        "--drain-timeout-s",
-        type=float,
-        help="on SIGTERM, let live calls go on this long before closing them (env LIPCAST_DRAIN_TIMEOUT_S)",
-    )
-    p.add_argument(
-        "--cors-origin",
-        action="append",
-        dest="cors_origins",
-        metavar="ORIGIN",
-        help="a browser origin (https://host:port) allowed to use the API from another site, "
-        "repeatable, '*' for any (env LIPCAST_CORS_ORIGINS, comma-separated)",
-    )
-    p.add_argument(
-        "--torch-threads",
-        type=int,
-        help="torch CPU threads (default: 1 for builtin, all cores for wav2lip on a CPU)"
-        " (env LIPCAST_TORCH_THREADS)",
-    )
-    p.add_argument("--batch-sizes", help="engine batch buckets, e.g. 1,2,4,8 (env LIPCAST_BATCH_SIZES)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (env LIPCAST_LOG_LEVEL)")
-    p.add_argument(
-        "--upload-dir",
-        type=Path,
-        metavar="DIR",
-        help="where uploaded avatars are prepared; default: the first --avatar-dir (env LIPCAST_UPLOAD_DIR)",
-    )
-    p.add_argument("--max-upload-mb", type=float, help="largest avatar upload (env LIPCAST_MAX_UPLOAD_MB)")
-    p.add_argument(
-        "--max-upload-duration-s",
-        type=float,
-        help="longest avatar video upload (env LIPCAST_MAX_UPLOAD_DURATION_S)",
-    )
-    p.add_argument(
-        "--max-upload-side-px",
-        type=int,
-        help="largest side of an uploaded video or image (env LIPCAST_MAX_UPLOAD_SIDE_PX)",
-    )
-    p.add_argument(
-        "--avatar-max-side-px",
-        type=int,
-        help="prepared avatar frames are scaled to at most this a side (env LIPCAST_AVATAR_MAX_SIDE_PX)",
-    )
-    p.add_argument(
-        "--auth-token",
-        help="require 'Authorization: Bearer TOKEN' on WHIP, WHEP and /offer (env LIPCAST_AUTH_TOKEN)",
-    )
-    p.add_argument("--max-viewers", type=int, help="WHEP viewers per session (env LIPCAST_MAX_VIEWERS)")
-    p.add_argument(
-        "--push-buffer-s",
-        type=float,
-        help="pushed audio a push session may queue ahead of playout, seconds (env LIPCAST_PUSH_BUFFER_S)",
-    )
-    p.add_argument(
-        "--push-grace-s",
-        type=float,
-        help="close a push session this long after its audio socket is gone (env LIPCAST_PUSH_GRACE_S)",
-    )
-    p.add_argument(
-        "--viewer-bitrate-kbps",
-        type=int,
-        help="fixed VP8 bitrate of the viewers' shared encoder (env LIPCAST_VIEWER_BITRATE_KBPS)",
-    )
-    p.add_argument(
-        "--media-workers",
-        type=int,
-        help="media worker processes (default: cores - 1, 1 with --virtualcam; 1 runs everything in one"
-        " process) (env LIPCAST_MEDIA_WORKERS)",
-    )
-    p.add_argument(
-        "--render-in",
-        choices=RENDER_PLACES,
-        help="with several media workers, render in the front's one engine (shared memory) or in each"
-        " worker; auto: workers for the built-in backend on a CPU, else the engine (env LIPCAST_RENDER_IN)",
-    )
-    p.add_argument(
-        "--worker-hang-timeout-s",
-        type=float,
-        help="restart a media worker that answers no health check this long (env"
-        " LIPCAST_WORKER_HANG_TIMEOUT_S)",
-    )
-    p.add_argument(
-        "--virtualcam",
-        action="store_true",
-        default=None,
-        help="send the newest session's video to a virtual camera (needs lipcast[virtualcam]; "
-        "env LIPCAST_VIRTUALCAM=1)",
-    )
-    p.add_argument(
-        "--virtualcam-device",
-        metavar="PATH",
-        help="v4l2loopback device, e.g. /dev/video10 (env LIPCAST_VIRTUALCAM_DEVICE)",
-    )
-    return p
-
-
-def _jitter_buffer_ms(raw: str) -> float | None:
-    """A fixed depth in milliseconds, or None for ``adaptive``."""
-    return None if raw.strip().lower() == "adaptive" else float(raw)
-
-
-def _flag(raw: str | bool) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a yes/no value: {raw!r}")
-
-
-def _env(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(ENV_PREFIX + name)
-    return value if value not in (None, "") else None
-
-
-def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
-    """Merge parsed flags over environment variables over defaults."""
-    env = os.environ if env is None else env
-    defaults = Settings()
-    converters: dict[str, Any] = {
-        "port": int,
-        "max_sessions": int,
-        "fps": int,
-        "vad_aggressiveness": int,
-        "lookahead_ms": float,
-        "jitter_buffer_ms": _jitter_buffer_ms,
-        "render_budget_ms": float,
-        "connect_timeout_s": float,
-        "max_session_s": float,
-        "drain_timeout_s": float,
-        "max_viewers": int,
-        "push_buffer_s": float,
-        "push_grace_s": float,
-        "viewer_bitrate_kbps": int,
-        "virtualcam": _flag,
-        "checkpoint": Path,
-        "compile_cache_dir": Path,
-        "static_dir": Path,
-        "upload_dir": Path,
-        "max_upload_mb": float,
-        "max_upload_duration_s": float,
-        "max_upload_side_px": int,
-        "avatar_max_side_px": int,
-        "torch_threads": int,
-        "media_workers": int,
-        "worker_hang_timeout_s": float,
-    }
-    values: dict[str, Any] = {}
-    for f in fields(Settings):
-        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes", "cors_origins"):
-            continue
-        flag = getattr(args, f.name, None)
-        raw: Any = flag if flag is not None else _env(env, f.name.upper())
-        if raw is None:
-            continue
-        try:
-            values[f.name] = converters.get(f.name, str)(raw)
-        except ValueError as e:
-            raise ValueError(f"invalid {f.name}: {raw!r}") from e
-
-    urls = args.ice_servers or (_env(env, "ICE_SERVERS") or "").split(",")
-    username = args.ice_username or _env(env, "ICE_USERNAME")
-    credential = args.ice_credential or _env(env, "ICE_CREDENTIAL")
-    values["ice_servers"] = _ice_servers(urls, username, credential)
-    origins = args.cors_origins or (_env(env, "CORS_ORIGINS") or "").split(",")
-    values["cors_origins"] = tuple(o.strip().rstrip("/") for o in origins if o.strip())
-    addresses = args.ice_addresses or (_env(env, "ICE_ADDRESSES") or "").split(",")
-    values["ice_addresses"] = tuple(a.strip() for a in addresses if a.strip())
-
-    extra_dirs = args.avatar_dirs or [Path(p) for p in (_env(env, "AVATAR_DIRS") or "").split(":") if p]
-    values["avatar_dirs"] = (*extra_dirs, *defaults.avatar_dirs)
-    if "upload_dir" not in values and extra_dirs:
-        values["upload_dir"] = extra_dirs[0]
-
-    if "media_workers" not in values:
-        values["media_workers"] = 1 if values.get("virtualcam") else default_media_workers()
-
-    batch = args.batch_sizes or _env(env, "BATCH_SIZES")
-    if batch:
-        try:
-            values["batch_sizes"] = tuple(sorted({int(x) for x in batch.split(",")}))
-        except ValueError as e:
-            raise ValueError(f"invalid batch sizes: {batch!r}") from e
-    return Settings(**values)
-
-
-def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    parser = argparse.ArgumentParser(prog="lipcast serve", parents=[build_parser()])
-    return settings_from(parser.parse_args(argv), env)

@@ -66,7 +66,8 @@ def build(args: argparse.Namespace) -> int:
     import torch
 
     from pipeline.backend import RenderItem
-    from pipeline.runtime import default_batch_sizes, resolve_device
+    from pipeline.defaults import default_batch_sizes
+    from pipeline.runtime import resolve_device
     from pipeline.wav2lip.backend import Wav2LipBackend
     from pipeline.wav2lip.bench import synthetic_avatar
     from pipeline.wav2lip.checkpoint import CheckpointError

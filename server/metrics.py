@@ -1,26 +1,17 @@
 """Prometheus metrics (``GET /metrics``): what the server is doing, per stage, from outside.
 
-Counters and gauges of sessions, streams and the engine are read at scrape time from the objects that
-already keep them (live sessions plus the totals of ended ones), so the media path carries no metrics code.
-Per-frame stage timings (features, render, compositing, encode) and buffer depths are observed into
-histograms as frames leave. Each application has its own registry, so several servers (tests) coexist.
+Counters and gauges of sessions, streams and the engine are read at scrape time by the collector that
+:mod:`server.runtime_metrics` attaches once the runtime exists. Per-frame stage timings (features, render,
+compositing, encode) and buffer depths are observed into histograms as frames leave. Each application has
+its own registry, so several servers (tests) coexist.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from streaming.avatar_stream import FrameMeta
-
-if TYPE_CHECKING:
-    from server.state import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STAGE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
@@ -28,7 +19,7 @@ DEPTH_BUCKETS_MS = (10, 20, 40, 60, 80, 120, 160, 240, 320, 500, 1000)
 
 
 class Metrics:
-    """One app's registry: histograms fed by sessions, and a collector reading the runtime."""
+    """One app's registry: histograms fed by sessions, and the collectors attached to it."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -45,11 +36,10 @@ class Metrics:
             buckets=DEPTH_BUCKETS_MS,
             registry=self.registry,
         )
-        self._runtime: Runtime | None = None
-        self.registry.register(_RuntimeCollector(self))
 
-    def attach(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def attach(self, collector: Collector) -> None:
+        """Read ``collector`` at every scrape too (the runtime's counters: :mod:`server.runtime_metrics`)."""
+        self.registry.register(collector)
 
     def observe_frame(self, meta: FrameMeta, buffer_depth_ms: float) -> None:
         """Called for every video frame that leaves (from the session's on-frame hook)."""
@@ -62,81 +52,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _RuntimeCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        runtime = self.metrics._runtime
-        if runtime is None:
-            return
-        sessions = runtime.sessions
-        totals = sessions.totals()
-        yield _gauge("lipcast_sessions_active", "Live sessions", len(sessions.sessions))
-        yield _gauge("lipcast_sessions_max", "Session limit", runtime.settings.max_sessions)
-        yield _gauge("lipcast_ready", "1 when the server takes new sessions", 1 if runtime.is_ready() else 0)
-        yield _gauge("lipcast_draining", "1 while shutting down gracefully", 1 if runtime.draining else 0)
-        yield _counter("lipcast_sessions_created", "Sessions created", sessions.created_total)
-        refused = CounterMetricFamily(
-            "lipcast_sessions_refused", "Offers refused, by reason", labels=["reason"]
-        )
-        for reason, count in sorted(sessions.refused_total.items()):
-            refused.add_metric([reason], count)
-        yield refused
-        described = {
-            "frames_in": "Inbound audio frames received from callers",
-            "frames_out": "Video frames sent",
-            "frames_rendered": "Frames rendered by the lip-sync backend",
-            "frames_at_rest": "Frames sent as the avatar at rest (no rendering)",
-            "frames_late": "Frames whose render was not ready in time (the previous frame was repeated)",
-            "frames_skipped": "Frames not sent because the sender fell behind",
-            "frames_failed": "Frames whose render failed (the avatar frame was sent as it is)",
-            "audio_underruns": "Ticks that found the inbound audio buffer dry (silence was sent)",
-            "audio_trimmed_samples": "Inbound 48 kHz samples of silence removed to bring latency back down",
-            "audio_overflow_samples": "Inbound 48 kHz samples dropped above the buffer's hard bound",
-            "push_bytes_in": "PCM16 bytes queued by push sessions",
-            "push_bytes_refused": "PCM16 bytes refused by push sessions (buffer full; the sender was told)",
-            "interrupts": "Interrupts (barge-in) of push sessions",
-        }
-        for name, help_text in described.items():
-            yield _counter(f"lipcast_{name}", help_text, totals.get(name, 0))
-        depths = [s.buffer.depth_ms for s in sessions.sessions.values()]
-        yield _gauge(
-            "lipcast_input_buffer_depth_max_ms", "Deepest inbound audio buffer now", max(depths, default=0)
-        )
-        engine = runtime.engine.stats
-        yield _counter("lipcast_engine_batches", "Batches rendered", engine.batches)
-        yield _counter("lipcast_engine_frames", "Frames rendered by the engine", engine.frames)
-        yield _counter(
-            "lipcast_engine_padded_frames", "Padding frames in fixed-size batches", engine.padded_frames
-        )
-        yield _counter("lipcast_engine_expired", "Frames dropped at their deadline", engine.expired)
-        yield _counter("lipcast_engine_failed_batches", "Batches that raised", engine.failed_batches)
-        yield _counter("lipcast_engine_busy_seconds", "Time the engine spent rendering", engine.busy_s)
-        sizes = CounterMetricFamily("lipcast_engine_batch_size", "Batches by size", labels=["size"])
-        for size, count in sorted(engine.batch_size_counts.items()):
-            sizes.add_metric([str(size)], count)
-        yield sizes
-        yield _gauge(
-            "lipcast_engine_queue_depth", "Frames waiting for the engine", runtime.engine.queue_depth
-        )
-        memory = runtime.gpu_memory_bytes()
-        if memory is not None:
-            yield _gauge("lipcast_gpu_memory_bytes", "GPU memory allocated by the engine", memory)
-        yield _gauge("lipcast_uptime_seconds", "Seconds since start", time.monotonic() - runtime.started_s)
-
-
-def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, help_text, value=value)
-
-
-def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, help_text, value=value)
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    from server.state import METRICS
-
-    return web.Response(body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE})

@@ -12,13 +12,14 @@ from collections import deque
 from aiortc import RTCPeerConnection
 from aiortc.rtcdatachannel import RTCDataChannel
 
+from pipeline.timing import FPS
 from streaming.avatar_stream import FrameMeta
 from streaming.tasks import session_log
 
 logger = logging.getLogger(__name__)
 
 META_CHANNEL_LABEL = "meta"
-META_BACKLOG = 250  # frames of metadata kept until the channel opens (10 s at 25 fps)
+META_BACKLOG = 10 * FPS  # frames of metadata kept until the channel opens (10 s)
 
 
 class PeerEndpoint:

@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc import RTCPeerConnection
 
+from pipeline.timing import FRAME_MS, MEDIA_SAMPLE_RATE_HZ
 from server.auth import require_bearer
 from server.errors import BadRequestError, ConflictError, NotFoundError
 from server.sessions import Session, SessionManager
@@ -38,7 +39,6 @@ from streaming.audio_buffer import InputAudioBuffer
 from streaming.push_audio import (
     MAX_INPUT_RATE_HZ,
     MIN_INPUT_RATE_HZ,
-    PUSH_RATE_HZ,
     PushAudio,
     PushBufferFull,
 )
@@ -46,7 +46,7 @@ from streaming.vad import SpeechDetector
 
 logger = logging.getLogger(__name__)
 
-PUSH_START_MS = 40.0  # playout starts once one frame of audio is queued (no network jitter to absorb)
+PUSH_START_MS = FRAME_MS  # playout starts once one frame of audio is queued (no network jitter to absorb)
 MAX_MESSAGE_BYTES = 4 << 20
 CONTROL_TYPES = ("interrupt", "end_of_speech", "close")
 
@@ -104,12 +104,12 @@ def create_push_session(manager: SessionManager, avatar_name: str | None, input_
     avatar = manager.admit(avatar_name)
     session_id = secrets.token_urlsafe(9)
     buffer = InputAudioBuffer(
-        PUSH_RATE_HZ,
+        MEDIA_SAMPLE_RATE_HZ,
         target_ms=PUSH_START_MS,
         trim_hysteresis_ms=None,  # pushed audio is never trimmed
         max_ms=settings.push_buffer_s * 1000.0 + 1000.0,  # never reached: PushAudio refuses first
     )
-    detector = SpeechDetector(PUSH_RATE_HZ, settings.vad_aggressiveness)
+    detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
     stream = manager.new_stream(session_id, avatar, buffer)
     push = PushAudio(
         buffer,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 import cv2
@@ -14,9 +15,10 @@ from pipeline.avatar import Avatar
 from server import cors, push, whip_whep
 from server.auth import require_bearer
 from server.capacity import STARTING_RETRY_AFTER_S
+from server.cpu_usage import cpu_snapshot
 from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
-from server.metrics import metrics_handler
-from server.state import RUNTIME, SETTINGS, runtime_of
+from server.metrics import CONTENT_TYPE
+from server.state import METRICS, RUNTIME, SETTINGS, runtime_of
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
@@ -128,11 +130,13 @@ async def healthz(request: web.Request) -> web.Response:
             "sessions": len(runtime.sessions.sessions),
             "frames_sent_total": runtime.sessions.frames_sent_total,
             "process_cpu_s": round(time.process_time(), 3),
+            "cpu": cpu_snapshot(),
             "max_sessions": runtime.settings.max_sessions,
             "engine": {
                 "running": runtime.engine.running,
                 "warmup_s": runtime.engine.warmup_s,
                 "batch_sizes": list(runtime.engine.batch_sizes),
+                "stats": asdict(runtime.engine.stats),  # counters: batches, frames, busy_s, expired
             },
             **runtime.device,
         }
@@ -149,6 +153,10 @@ async def readyz(request: web.Request) -> web.Response:
     if not ready:
         raise ServiceUnavailableError(reason, STARTING_RETRY_AFTER_S, details=body)
     return web.json_response(body)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def client_config(request: web.Request) -> web.Response:
@@ -190,7 +198,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/sessions/{session_id}", session_stats)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/config", client_config)
     app.router.add_get("/avatars", list_avatars)
     app.router.add_get("/avatars/{name}/preview.png", avatar_preview)

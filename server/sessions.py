@@ -20,7 +20,7 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from pipeline.avatar import Avatar
 from pipeline.backend import LipSyncBackend
-from pipeline.runtime import RENDER_BUDGET_MS
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from server.capacity import RETRY_AFTER_S, CapacityGate
 from server.config import Settings
 from server.errors import BadRequestError, CapacityError, NotFoundError
@@ -30,7 +30,7 @@ from server.viewers import SessionViewers
 from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
 from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
 from streaming.clock import Clock, MonotonicClock
-from streaming.inbound import INBOUND_RATE_HZ, AudioIngest
+from streaming.inbound import AudioIngest
 from streaming.offers import OfferSummary
 from streaming.rtc import tune_receiver_latency
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
@@ -165,6 +165,10 @@ class SessionManager:
         avatars: Mapping[str, Avatar],
         clock: Clock | None = None,
     ) -> None:
+        if settings.render_budget_ms is None:
+            # One place decides the default (it depends on the device): build_runtime, before this.
+            raise ValueError("render_budget_ms is resolved at startup (server.app.build_runtime)")
+        self.render_budget_ms = settings.render_budget_ms
         self.settings = settings
         self.backend = backend
         self.renderer = renderer
@@ -303,7 +307,7 @@ class SessionManager:
             buffer,
             self.clock,
             fps=settings.fps,
-            render_budget_ms=settings.render_budget_ms or RENDER_BUDGET_MS,
+            render_budget_ms=self.render_budget_ms,
             crossfade_frames=self.backend.crossfade_frames,
             new_featurizer=self.backend.new_featurizer,
         )
@@ -312,9 +316,12 @@ class SessionManager:
         settings = self.settings
         session_id = secrets.token_urlsafe(9)
         buffer = make_input_buffer(
-            INBOUND_RATE_HZ, settings.jitter_buffer_ms, frame_ms=1000.0 / settings.fps, clock=self.clock.now
+            MEDIA_SAMPLE_RATE_HZ,
+            settings.jitter_buffer_ms,
+            frame_ms=1000.0 / settings.fps,
+            clock=self.clock.now,
         )
-        detector = SpeechDetector(INBOUND_RATE_HZ, settings.vad_aggressiveness)
+        detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
         stream = self.new_stream(session_id, avatar, buffer)
         return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
 

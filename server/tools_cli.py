@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.config import BACKENDS
+from pipeline.defaults import BACKENDS, DEFAULT_BACKEND, RENDER_BUDGET_MS
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def _write_json(path: Path | None, doc: Any) -> None:
 
 
 def _backend_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=BACKENDS, default="builtin")
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
     p.add_argument("--checkpoint", type=Path, help="Wav2Lip checkpoint (random weights if omitted)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--batch-sizes", type=_sizes, help="engine batch buckets (default: per device)")
@@ -41,17 +41,15 @@ def _backend_arguments(p: argparse.ArgumentParser) -> None:
 def _engine(args: argparse.Namespace, avatar_name: str | None) -> tuple[Any, Any, dict[str, Any]]:
     """Backend + engine + avatar, built as the server builds them (random weights allowed here)."""
     from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, discover_avatars, load_avatar
+    from pipeline.defaults import default_batch_sizes
     from pipeline.engine import RenderEngine
-    from pipeline.runtime import create_backend, default_batch_sizes, device_report, resolve_device
+    from pipeline.runtime import create_backend, device_report, resolve_device
 
     device = resolve_device(args.device)
     sizes = args.batch_sizes or default_batch_sizes(device)
-    if args.backend == "wav2lip":
-        from pipeline.wav2lip.backend import Wav2LipBackend
-
-        backend: Any = Wav2LipBackend(args.checkpoint, device=device, batch_sizes=sizes)
-    else:
-        backend = create_backend(args.backend, device, batch_sizes=sizes)
+    backend = create_backend(
+        args.backend, device, checkpoint=args.checkpoint, batch_sizes=sizes, random_weights=True
+    )
     dirs = [*(getattr(args, "avatar_dirs", None) or []), BUILTIN_AVATAR_DIR]
     found = discover_avatars(dirs)
     name = avatar_name or DEFAULT_AVATAR
@@ -65,7 +63,7 @@ def _engine(args: argparse.Namespace, avatar_name: str | None) -> tuple[Any, Any
 
 def bench_model(args: argparse.Namespace) -> int:
     from pipeline.runtime import device_report, resolve_device
-    from pipeline.wav2lip.bench import benchmark_model
+    from pipeline.wav2lip.bench import MODEL_BATCH_SIZES, benchmark_model
 
     device = resolve_device(args.device)
     cache = None
@@ -75,7 +73,7 @@ def bench_model(args: argparse.Namespace) -> int:
         cache = CompileCache(args.compile_cache_dir or default_cache_root())
     rows = benchmark_model(
         device,
-        args.batch_sizes or (1, 8, 32, 128),
+        args.batch_sizes or MODEL_BATCH_SIZES,
         iters=args.iters,
         compile_cache=cache,
         compile_mode=args.compile_mode,
@@ -172,7 +170,7 @@ def add_commands(commands: Any) -> None:
     engine.add_argument("--start", type=int, default=1, help="first session count tried")
     engine.add_argument("--limit", type=int, default=4096, help="largest session count tried")
     engine.add_argument("--seconds", type=float, default=4.0, help="length of each run")
-    engine.add_argument("--budget-ms", type=float, default=40.0, help="render budget per frame")
+    engine.add_argument("--budget-ms", type=float, default=RENDER_BUDGET_MS, help="render budget per frame")
     engine.add_argument("--json", type=Path)
     engine.set_defaults(handler=bench_engine)
 

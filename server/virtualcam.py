@@ -5,9 +5,10 @@ pyvirtualcam (the optional ``lipcast[virtualcam]`` extra) writes frames to a v4l
 on Windows and macOS. Video only: a camera has no sound (use the viewer page or WHEP for the voice).
 
 The camera opens once, at the default avatar's size, when the server starts, so the device is there before
-any call. Each 25 fps frame is the newest live session's current frame (the same ticks its caller gets,
-from its own :class:`AvatarVideoTrack`), letterboxed into the camera's size; between sessions the default
-avatar at rest is shown at a low rate. A missing package or device fails the start with a clear message.
+any call. Each 25 fps frame is the newest live session's current frame (the very pictures its caller gets:
+its own :class:`AvatarVideoTrack` paces the session's frames, composed once per tick), letterboxed into the
+camera's size; between sessions the default avatar at rest is shown at a low rate. A missing package or
+device fails the start with a clear message.
 """
 
 from __future__ import annotations
@@ -139,25 +140,30 @@ class VirtualCamera:
         self.sent += 1
 
     async def _run(self) -> None:
+        idle_period_s = 1.0 / IDLE_FPS
+        idle_due_s = self.clock.now()
         try:
             while True:
                 stream = self.newest_stream()
                 if stream is None or stream.closed or stream.timeline is None:
                     if self.following is not None:
                         self._follow(None)
+                    # Idle frames on deadlines, so the send's own time does not add up (and no backlog of
+                    # idle frames is sent after a session).
+                    idle_due_s = max(idle_due_s, self.clock.now())
                     await self._send(self.idle_image)
-                    await self.clock.sleep_until(self.clock.now() + 1.0 / IDLE_FPS)
+                    idle_due_s += idle_period_s
+                    await self.clock.sleep_until(idle_due_s)
                     continue
                 if stream.session_id != self.following or self._track is None:
                     self._follow(stream)
                 assert self._track is not None
                 try:
-                    frame = await self._track.recv()
+                    frame = await self._track.next_frame()
                 except MediaStreamError:  # that session ended
                     self._follow(None)
                     continue
-                image = cast(Image, frame.to_ndarray(format="rgb24"))
-                await self._send(fit(image, self.width, self.height))
+                await self._send(fit(frame.image, self.width, self.height))  # shared: only read
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -182,6 +188,19 @@ def newest_live_stream(sessions: SessionManager) -> AvatarStream | None:
     return None
 
 
+def newest_session_feed(camera: CameraSink, sessions: SessionManager) -> VirtualCamera:
+    """The feed of ``camera``: the newest live session, the default avatar's first frame between sessions."""
+    avatar = sessions.avatar(None)
+    return VirtualCamera(
+        camera,
+        lambda: newest_live_stream(sessions),
+        avatar.frames[0],
+        sessions.clock,
+        width=avatar.width,
+        height=avatar.height,
+    )
+
+
 async def virtualcam_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup context (after the runtime's): open the camera, feed it, close it at shutdown."""
     settings, runtime = app[SETTINGS], app[RUNTIME]
@@ -190,14 +209,7 @@ async def virtualcam_ctx(app: web.Application) -> AsyncIterator[None]:
     camera = await loop.run_in_executor(
         None, open_camera, avatar.width, avatar.height, settings.fps, settings.virtualcam_device
     )
-    feed = VirtualCamera(
-        camera,
-        lambda: newest_live_stream(runtime.sessions),
-        avatar.frames[0],
-        runtime.sessions.clock,
-        width=avatar.width,
-        height=avatar.height,
-    )
+    feed = newest_session_feed(camera, runtime.sessions)
     feed.start()
     try:
         yield

@@ -161,16 +161,21 @@ async def preflight(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
+    """Per protocol: the endpoint that takes offers (POST) and the resource each answer names."""
     router = app.router
-    whip = router.add_resource("/whip", name="whip-endpoint")
-    whip.add_route("OPTIONS", preflight)
-    whip.add_route("POST", whip_create)
-    whip_resource = router.add_resource("/whip/{session_id}", name="whip-session")
-    whip_resource.add_route("OPTIONS", preflight)
-    add_resource_methods(whip_resource, whip_session, "WHIP")
-    whep = router.add_resource("/whep/{session_id}", name="whep-endpoint")
-    whep.add_route("OPTIONS", preflight)
-    whep.add_route("POST", whep_create)
-    whep_resource = router.add_resource("/whep/{session_id}/viewers/{viewer_id}", name="whep-viewer")
-    whep_resource.add_route("OPTIONS", preflight)
-    add_resource_methods(whep_resource, whep_viewer, "WHEP")
+    whip = ("WHIP", "/whip", whip_create, "/whip/{session_id}", "whip-session", whip_session)
+    whep = (
+        "WHEP",
+        "/whep/{session_id}",
+        whep_create,
+        "/whep/{session_id}/viewers/{viewer_id}",
+        "whep-viewer",
+        whep_viewer,
+    )
+    for client, endpoint_path, create, resource_path, resource_name, find in (whip, whep):
+        endpoint = router.add_resource(endpoint_path, name=f"{client.lower()}-endpoint")
+        endpoint.add_route("OPTIONS", preflight)
+        endpoint.add_route("POST", create)
+        resource = router.add_resource(resource_path, name=resource_name)
+        resource.add_route("OPTIONS", preflight)
+        add_resource_methods(resource, find, client)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.jitter import JitterEstimator
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class InputAudioBuffer:
 
     def __init__(
         self,
-        sample_rate_hz: int = 48_000,
+        sample_rate_hz: int = MEDIA_SAMPLE_RATE_HZ,
         *,
         target_ms: float = 80.0,
         trim_hysteresis_ms: float | None = 40.0,

@@ -4,7 +4,8 @@ At tick ``k`` (due at ``start + k / fps``) the producer pulls one frame of the c
 buffer, feeds its 16 kHz version to the backend's featurizer, delays the 48 kHz audio by the featurizer's
 lookahead (so the frame and its audio leave together) and submits the frame to the render engine. The
 tick leaves ``render_budget_ms`` later through both outgoing tracks (:mod:`streaming.tracks`); a frame that
-is not rendered by then is replaced by the previous one, never waited for.
+is not rendered by then is replaced by the previous one, never waited for. Its picture is composed once, by
+:attr:`AvatarStream.frames` (:mod:`streaming.frames`), for every consumer of the session's video.
 
 Idle: the avatar frame shown at tick ``k`` follows the avatar's idle loop (:func:`idle_frame_index`) whether
 it speaks or not. At rest (the featurizer says its conditioning changes nothing, or the voice-activity flags
@@ -28,10 +29,13 @@ import numpy.typing as npt
 
 from pipeline.avatar import Avatar
 from pipeline.backend import Featurizer, RenderedPatch, RenderItem
-from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ, FrameGrid
+from pipeline.defaults import RENDER_BUDGET_MS
+from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
+from pipeline.windows import FrameGrid
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.clock import Clock, FrameTimeline
 from streaming.delay import Delayed, DelayLine
+from streaming.frames import SharedFrames
 from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
 from streaming.tasks import cancel_and_wait, session_log
 
@@ -104,8 +108,8 @@ class AvatarStream:
         audio_in: InputAudioBuffer,
         clock: Clock,
         *,
-        fps: int = 25,
-        render_budget_ms: float = 40.0,
+        fps: int = FPS,
+        render_budget_ms: float = RENDER_BUDGET_MS,
         capacity_ms: float = 2000.0,
         crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
@@ -120,10 +124,11 @@ class AvatarStream:
         self.clock = clock
         self.grid = FrameGrid(fps)
         self.render_budget_s = render_budget_ms / 1000.0
-        self.samples_per_tick = OUTPUT_SAMPLE_RATE_HZ // fps
+        self.samples_per_tick = MEDIA_SAMPLE_RATE_HZ // fps
         self.capacity = max(2, round(capacity_ms / self.grid.frame_ms))
         self.stats = StreamStats()
         self.timeline: FrameTimeline | None = None
+        self.frames = SharedFrames(avatar, fps, perf_counter=perf_counter)  # one composite per tick, shared
         self.started = asyncio.Event()
         self._perf = perf_counter
         self._new_featurizer = new_featurizer
@@ -145,7 +150,7 @@ class AvatarStream:
     @property
     def delay_ms(self) -> float:
         """The fixed audio delay this stream adds on top of the jitter buffer: lookahead + decimator."""
-        return self._delay.delay_samples * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
+        return self._delay.delay_samples * 1000.0 / MEDIA_SAMPLE_RATE_HZ
 
     @property
     def latest_index(self) -> int:
@@ -179,6 +184,7 @@ class AvatarStream:
             if tick.patch is not None:
                 tick.patch.cancel()
         self._ticks.clear()
+        self.frames.clear()
 
     def interrupt(self) -> int:
         """Barge-in: drop every stage's queued audio and put the mouth at rest from the next tick that leaves.

@@ -21,7 +21,8 @@ What the shared encoder changes:
   encoder or the other viewers.
 
 The sources are the session's own paced tracks (:class:`AvatarVideoTrack`, :class:`AvatarAudioTrack`), so
-viewers get exactly the ticks the caller gets, at the same presentation times.
+viewers get exactly the ticks the caller gets, at the same presentation times, and the very frames the caller
+gets (composed once per tick, :mod:`streaming.frames`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 from av.packet import Packet
 
+from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta
 from streaming.tasks import cancel_and_wait, session_log
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
@@ -51,9 +53,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_VIDEO_BITRATE_BPS = 1_500_000  # aiortc's REMB ceiling: what the caller gets on a good network
 OPUS_BITRATE_BPS = 96_000  # as aiortc's own Opus encoder
-OPUS_TIME_BASE = fractions.Fraction(1, 48_000)
+OPUS_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 KEYFRAME_MIN_INTERVAL_S = 0.5
-VIDEO_QUEUE_FRAMES = 25  # 1 s at 25 fps
+VIDEO_QUEUE_FRAMES = FPS  # 1 s
 AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
 
 
@@ -94,10 +96,14 @@ class Vp8PacketEncoder:
         if self.codec is None or (frame.width, frame.height) != (self.codec.width, self.codec.height):
             self.codec = self._open(frame.width, frame.height)
         pts, time_base = frame.pts, frame.time_base
-        if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
-        if keyframe:
-            frame.pict_type = av.video.frame.PictureType.I
+        # Write only to a frame of our own: the session's frames are rgb24, so the conversion makes one (its
+        # picture type set here, not copied from the input); a yuv420p input is copied only for a keyframe.
+        if frame.format.name != "yuv420p" or keyframe:
+            if frame.format.name != "yuv420p":
+                frame = frame.reformat(format="yuv420p")
+            else:
+                frame = VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
+            frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE
         packets = self.codec.encode(frame)
         if not packets:
             return None, False
@@ -116,7 +122,7 @@ class OpusPacketEncoder:
         codec.bit_rate = OPUS_BITRATE_BPS
         codec.format = "s16"
         codec.layout = "stereo"
-        codec.sample_rate = 48_000
+        codec.sample_rate = MEDIA_SAMPLE_RATE_HZ
         codec.time_base = OPUS_TIME_BASE
         codec.options = {"application": "voip"}
         self.codec = codec

@@ -15,13 +15,12 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.tasks import cancel_and_wait, session_log
 from streaming.vad import Reblocker, SpeechDetector
 
 logger = logging.getLogger(__name__)
-
-INBOUND_RATE_HZ = 48_000
 
 
 class AudioIngest:
@@ -36,7 +35,7 @@ class AudioIngest:
         session_id: str = "-",
         on_failure: Callable[[Exception], None] | None = None,
     ) -> None:
-        if buffer.sample_rate_hz != INBOUND_RATE_HZ or detector.sample_rate_hz != INBOUND_RATE_HZ:
+        if buffer.sample_rate_hz != MEDIA_SAMPLE_RATE_HZ or detector.sample_rate_hz != MEDIA_SAMPLE_RATE_HZ:
             raise ValueError("the inbound buffer and detector must run at 48 kHz")
         self.track = track
         self.buffer = buffer
@@ -46,7 +45,7 @@ class AudioIngest:
         self.log = session_log(logger, session_id)
         self.frames_received = 0
         self.speech = False
-        self._resampler = AudioResampler(format="s16", layout="mono", rate=INBOUND_RATE_HZ)
+        self._resampler = AudioResampler(format="s16", layout="mono", rate=MEDIA_SAMPLE_RATE_HZ)
         self._reblocker = Reblocker(detector.block_samples)
         self._task: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()

@@ -12,12 +12,12 @@ import numpy as np
 import numpy.typing as npt
 from av import AudioFrame, AudioResampler
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.vad import Reblocker, SpeechDetector
 
-PUSH_RATE_HZ = 48_000
 MIN_INPUT_RATE_HZ = 8_000
-MAX_INPUT_RATE_HZ = 48_000
+MAX_INPUT_RATE_HZ = MEDIA_SAMPLE_RATE_HZ  # the media rate: pushed audio is never upsampled past what leaves
 
 
 class PushBufferFull(Exception):
@@ -38,12 +38,12 @@ class PushAudio:
     ) -> None:
         if not MIN_INPUT_RATE_HZ <= input_rate_hz <= MAX_INPUT_RATE_HZ:
             raise ValueError(f"input rate must be {MIN_INPUT_RATE_HZ}-{MAX_INPUT_RATE_HZ} Hz")
-        if buffer.sample_rate_hz != PUSH_RATE_HZ or detector.sample_rate_hz != PUSH_RATE_HZ:
+        if buffer.sample_rate_hz != MEDIA_SAMPLE_RATE_HZ or detector.sample_rate_hz != MEDIA_SAMPLE_RATE_HZ:
             raise ValueError("the push buffer and detector must run at 48 kHz")
         self.buffer = buffer
         self.detector = detector
         self.input_rate_hz = input_rate_hz
-        self.max_buffer_samples = round(max_buffer_s * PUSH_RATE_HZ)
+        self.max_buffer_samples = round(max_buffer_s * MEDIA_SAMPLE_RATE_HZ)
         self.tick_samples = tick_samples
         self.received_bytes = 0
         self.refused_bytes = 0
@@ -53,11 +53,11 @@ class PushAudio:
         self._reblocker = Reblocker(detector.block_samples)
 
     def _new_resampler(self) -> AudioResampler:
-        return AudioResampler(format="s16", layout="mono", rate=PUSH_RATE_HZ)
+        return AudioResampler(format="s16", layout="mono", rate=MEDIA_SAMPLE_RATE_HZ)
 
     @property
     def queued_s(self) -> float:
-        return self.buffer.depth_samples / PUSH_RATE_HZ
+        return self.buffer.depth_samples / MEDIA_SAMPLE_RATE_HZ
 
     def push(self, data: bytes) -> int:
         """Queue one message of PCM16 little-endian mono bytes; returns the 48 kHz samples queued.
@@ -66,13 +66,14 @@ class PushAudio:
         """
         data = self._odd + data
         whole = len(data) - len(data) % 2
-        incoming_48k = (whole // 2) * PUSH_RATE_HZ // self.input_rate_hz
+        incoming_48k = (whole // 2) * MEDIA_SAMPLE_RATE_HZ // self.input_rate_hz
         if self.buffer.depth_samples + incoming_48k > self.max_buffer_samples:
             self.refused_bytes += len(data) - len(self._odd)
             raise PushBufferFull(
                 f"push buffer full: {self.queued_s:.1f} s queued, this message adds "
-                f"{incoming_48k / PUSH_RATE_HZ:.2f} s over the {self.max_buffer_samples / PUSH_RATE_HZ:g} s "
-                "bound; nothing of it was queued, send it again later"
+                f"{incoming_48k / MEDIA_SAMPLE_RATE_HZ:.2f} s over the"
+                f" {self.max_buffer_samples / MEDIA_SAMPLE_RATE_HZ:g} s bound;"
+                " nothing of it was queued, send it again later"
             )
         self.received_bytes += len(data) - len(self._odd)
         self._odd = data[whole:]

@@ -9,16 +9,16 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-INPUT_RATE_HZ = 48_000
-OUTPUT_RATE_HZ = 16_000
-FACTOR = INPUT_RATE_HZ // OUTPUT_RATE_HZ  # 3
+from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, MEDIA_SAMPLE_RATE_HZ
+
+FACTOR = MEDIA_SAMPLE_RATE_HZ // FEATURE_SAMPLE_RATE_HZ  # 3
 TAPS = 97  # odd, so the group delay is a whole number of samples
 DECIMATOR_DELAY_48K = (TAPS - 1) // 2  # 48 input samples = 1 ms
 CUTOFF_HZ = 7_200.0  # below the 8 kHz Nyquist of the output, above the speech band that matters
 
 
 def lowpass_taps(
-    taps: int = TAPS, cutoff_hz: float = CUTOFF_HZ, rate_hz: int = INPUT_RATE_HZ
+    taps: int = TAPS, cutoff_hz: float = CUTOFF_HZ, rate_hz: int = MEDIA_SAMPLE_RATE_HZ
 ) -> npt.NDArray[np.float64]:
     """Windowed-sinc (Blackman) low-pass with unit DC gain."""
     n = np.arange(taps) - (taps - 1) / 2.0

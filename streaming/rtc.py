@@ -1,4 +1,5 @@
-"""Small, deliberate adjustments to aiortc: receive latency, and which addresses ICE offers.
+"""Small, deliberate adjustments to aiortc: receive latency, which addresses ICE offers, and a cheaper audio
+level computation for its senders (the same figure, :func:`use_fast_audio_level`).
 
 aiortc's audio receiver holds 4 Opus packets (about 80 ms) in its jitter buffer before it decodes the first
 one, and even with no prefetch it releases a packet only when the next one arrives (it learns that a frame is
@@ -15,12 +16,15 @@ renames it the function logs and leaves the receiver as it is.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import aioice.ice
 import aiortc.rtcrtpsender
+import aiortc.rtp
+import numpy as np
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 
@@ -29,6 +33,9 @@ logger = logging.getLogger(__name__)
 AUDIO_JITTER_CAPACITY_PACKETS = 16  # aiortc's own value (a power of two)
 VIDEO_JITTER_CAPACITY_PACKETS = 512  # aiortc's own value
 _ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
+MAX_SAMPLE_VALUE = 32767  # RFC 6465's full scale, as aiortc
+MIN_AUDIO_LEVEL_DBOV = -127
+AIORTC_AUDIO_LEVEL = aiortc.rtp.compute_audio_level_dbov  # aiortc's own, kept as the reference
 
 
 class PacketJitterBuffer(JitterBuffer):
@@ -148,3 +155,23 @@ def observe_encoding(observer: EncodeObserver) -> Callable[[], None]:
         aiortc.rtcrtpsender._lipcast_timed = True  # type: ignore[attr-defined]
     _encode_observers.append(observer)
     return lambda: _encode_observers.remove(observer) if observer in _encode_observers else None
+
+
+def _audio_level_dbov(frame: Any) -> int:
+    """aiortc's ``compute_audio_level_dbov`` (RFC 6465 Appendix A), the same integer, with numpy.
+
+    aiortc's sum of squares is a Python loop over every sample: 0.25 ms of the event loop's time per 20 ms
+    stereo packet, 50 times a second per call (about 5 % of a media worker's CPU per frame). As aiortc does,
+    it reads the whole first plane and divides by ``frame.samples``.
+    """
+    samples = np.frombuffer(bytes(frame.planes[0]), dtype="<i2").astype(np.float64)
+    rms = math.sqrt(float(np.dot(samples, samples)) / (frame.samples * MAX_SAMPLE_VALUE * MAX_SAMPLE_VALUE))
+    if rms <= 0:
+        return MIN_AUDIO_LEVEL_DBOV
+    return round(min(max(20 * math.log10(rms), MIN_AUDIO_LEVEL_DBOV), 0))
+
+
+def use_fast_audio_level() -> None:
+    """Have aiortc's senders (process-wide) compute the audio level with :func:`_audio_level_dbov`."""
+    if getattr(aiortc.rtp, "compute_audio_level_dbov", None) is not _audio_level_dbov:
+        aiortc.rtp.compute_audio_level_dbov = _audio_level_dbov

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fractions
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,16 +16,13 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
-from pipeline.compositing import paste_patch
-from pipeline.engine import DeadlineExpiredError
-from pipeline.windows import OUTPUT_SAMPLE_RATE_HZ
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
+from streaming.frames import ComposedFrame
 
 logger = logging.getLogger(__name__)
 
-VIDEO_CLOCK_HZ = 90_000
-VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
-AUDIO_TIME_BASE = fractions.Fraction(1, OUTPUT_SAMPLE_RATE_HZ)
+AUDIO_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 
 
 @dataclass
@@ -54,6 +50,9 @@ class _StreamTrack(MediaStreamTrack):
 
 
 class AvatarVideoTrack(_StreamTrack):
+    """Paces the stream's composed frames (:mod:`streaming.frames`): every video track of one stream gets the
+    same picture for a tick, composed once (``recv`` wraps it in a VideoFrame of this track's own)."""
+
     kind = "video"
 
     def __init__(self, stream: AvatarStream, on_frame: Callable[[FrameMeta], None] | None = None) -> None:
@@ -62,13 +61,16 @@ class AvatarVideoTrack(_StreamTrack):
         self.on_frame = on_frame
         self.stats = VideoStats()
         self._next = 0
-        self._last: npt.NDArray[np.uint8] | None = None
 
     def start_at(self, index: int) -> None:
         """Join a running stream at tick ``index`` instead of tick 0 (a viewer arriving late)."""
         self._next = index
 
     async def recv(self) -> VideoFrame:
+        return (await self.next_frame()).video_frame()
+
+    async def next_frame(self) -> ComposedFrame:
+        """The next tick's composed frame at its presentation time (shared with the stream's consumers)."""
         stream = await self._running_stream()
         index = self._next
         await stream.clock.sleep_until(stream.present_time(index))
@@ -83,36 +85,15 @@ class AvatarVideoTrack(_StreamTrack):
         if tick is None or self.readyState != "live":  # the stream closed under us
             self.stop()
             raise MediaStreamError
-        composing = time.perf_counter()
-        image, late = self._image(tick)
-        frame = VideoFrame.from_ndarray(image, format="rgb24")
-        compose_ms = (time.perf_counter() - composing) * 1000.0
-        frame.pts = index * (VIDEO_CLOCK_HZ // stream.grid.fps)
-        frame.time_base = VIDEO_TIME_BASE
+        frame = stream.frames.compose(tick)
         self.stats.sent += 1
+        self.stats.late += int(frame.late)
+        self.stats.failed += int(frame.failed)
         if self.on_frame is not None:
-            self.on_frame(self._meta(tick, late, compose_ms))
+            self.on_frame(self._meta(tick, frame))
         return frame
 
-    def _image(self, tick: Tick) -> tuple[npt.NDArray[np.uint8], bool]:
-        base = self.stream.avatar.frames[tick.frame_index]
-        future = tick.patch
-        if future is None:
-            image = base
-        elif not future.done() or (
-            not future.cancelled() and isinstance(future.exception(), DeadlineExpiredError)
-        ):
-            self.stats.late += 1
-            return (self._last if self._last is not None else base), True
-        elif future.cancelled() or future.exception() is not None:
-            self.stats.failed += 1
-            image = base
-        else:
-            image = paste_patch(base, future.result(), tick.mix)
-        self._last = image
-        return image, False
-
-    def _meta(self, tick: Tick, late: bool, compose_ms: float) -> FrameMeta:
+    def _meta(self, tick: Tick, frame: ComposedFrame) -> FrameMeta:
         stream = self.stream
         # Where a frame's time goes on the server (ms): its audio waits in the jitter buffer ("buffer", the
         # newest audio pulled at this tick), then the fixed lookahead delay ("lookahead"), the tick is
@@ -120,7 +101,7 @@ class AvatarVideoTrack(_StreamTrack):
         # render budget ("budget": due -> leaves), and composed ("compose") before the encoder.
         stages = {
             "features": round(tick.featurize_ms, 3),
-            "compose": round(compose_ms, 3),
+            "compose": round(frame.compose_ms, 3),
             "lookahead": round(stream.delay_ms, 3),
             "budget": round(stream.render_budget_s * 1000.0, 3),
             "produce_late": round(tick.late_ms, 3),
@@ -132,13 +113,11 @@ class AvatarVideoTrack(_StreamTrack):
         return FrameMeta(
             frame=tick.index,
             avatar_frame=tick.frame_index,
-            input_pos_ms=(
-                None if tick.input_pos is None else tick.input_pos * 1000.0 / OUTPUT_SAMPLE_RATE_HZ
-            ),
+            input_pos_ms=(None if tick.input_pos is None else tick.input_pos * 1000.0 / MEDIA_SAMPLE_RATE_HZ),
             speech=tick.speech,
             active=tick.patch is not None,
             mouth=[round(float(v), 4) for v in tick.conditioning.reshape(-1)[:3]],
-            late=late,
+            late=frame.late,
             stages_ms=stages,
         )
 
@@ -187,7 +166,7 @@ class AvatarAudioTrack(_StreamTrack):
         # should come back at the level it went in.
         interleaved = np.repeat(samples, 2).reshape(1, -1)
         frame = AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
-        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
         frame.pts = self._next * size
         frame.time_base = AUDIO_TIME_BASE
         self._next += 1

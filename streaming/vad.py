@@ -6,6 +6,8 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+
 VAD_FRAME_MS = 20  # webrtcvad accepts 10, 20 or 30 ms
 SUPPORTED_RATES_HZ = (8_000, 16_000, 32_000, 48_000)
 
@@ -17,7 +19,9 @@ class SpeechDetector:
     ``hangover_ms`` keeps reporting speech for that long after the last voiced block.
     """
 
-    def __init__(self, sample_rate_hz: int = 48_000, aggressiveness: int = 2, hangover_ms: int = 200) -> None:
+    def __init__(
+        self, sample_rate_hz: int = MEDIA_SAMPLE_RATE_HZ, aggressiveness: int = 2, hangover_ms: int = 200
+    ) -> None:
         if sample_rate_hz not in SUPPORTED_RATES_HZ:
             raise ValueError(f"webrtcvad does not support {sample_rate_hz} Hz")
         if not 0 <= aggressiveness <= 3:

@@ -12,8 +12,9 @@ import numpy.typing as npt
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 
-SAMPLE_RATE_HZ = 48_000
+SAMPLE_RATE_HZ = MEDIA_SAMPLE_RATE_HZ
 
 
 class FakeClock:

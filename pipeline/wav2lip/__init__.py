@@ -6,7 +6,7 @@ or weights are included: the user supplies a generator checkpoint (``wav2lip.pth
 
 from __future__ import annotations
 
-from pipeline.wav2lip.backend import DEFAULT_BATCH_SIZES, Wav2LipBackend
+from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.checkpoint import CheckpointError, load_checkpoint, load_wav2lip
 from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT, Wav2LipFeaturizer
 from pipeline.wav2lip.fold import fold_batchnorm
@@ -14,7 +14,6 @@ from pipeline.wav2lip.mel import StreamingMel, melspectrogram
 from pipeline.wav2lip.model import Wav2Lip
 
 __all__ = [
-    "DEFAULT_BATCH_SIZES",
     "INFERENCE_ALIGNMENT",
     "TRAINING_ALIGNMENT",
     "CheckpointError",

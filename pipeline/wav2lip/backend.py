@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -40,8 +39,11 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from pipeline.avatar import Avatar, UnknownAvatarError
+from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.defaults import WAV2LIP, default_batch_sizes
+from pipeline.timing import FPS
+from pipeline.warmup import time_batch_sizes
 from pipeline.wav2lip.checkpoint import load_wav2lip
 from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache, environment_key
 from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
@@ -58,26 +60,16 @@ from pipeline.wav2lip.paste import (
     DEFAULT_FEATHER_PX,
     DEFAULT_MASK_TOP_FRACTION,
     face_mask,
-    first_blended_row,
     paste_faces,
 )
 from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
+from pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 FACE_ENCODE_BATCH = 32  # avatar frames per face-encoder call in add_avatar
-CANVAS_MULTIPLE_PX = 8
 CAPTURE_WARMUP_ITERS = 3  # eager runs on the capture stream before a graph capture (cuDNN autotuning)
 Checkpoint = str | PathLike[str] | Mapping[str, torch.Tensor] | None
-
-
-@dataclass
-class _AvatarEntry:
-    offset: int  # first row in the global tables
-    count: int
-    boxes: npt.NDArray[np.int32]  # (T, 4) padded x1, y1, x2, y2
-    first_rows: npt.NDArray[np.int32]  # (T,) first box row of each frame's patch
 
 
 @dataclass
@@ -94,14 +86,10 @@ class _Bucket:
     graph: torch.cuda.CUDAGraph
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 class Wav2LipBackend:
     """Wav2Lip rendering with cached face features and on-device compositing."""
 
-    name = "wav2lip"
+    name = WAV2LIP
     crossfade_frames = 3  # its lower face never equals the avatar's own: blend idle <-> speaking switches
 
     def __init__(
@@ -110,9 +98,9 @@ class Wav2LipBackend:
         *,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
-        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        batch_sizes: Sequence[int] | None = None,
         face_pads: Sequence[int] = DEFAULT_FACE_PADS,
-        fps: int = 25,
+        fps: int = FPS,
         window_offset_frames: int = INFERENCE_ALIGNMENT,
         feather_px: float = DEFAULT_FEATHER_PX,
         mask_top_fraction: float = DEFAULT_MASK_TOP_FRACTION,
@@ -134,7 +122,7 @@ class Wav2LipBackend:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.float16 if self._cuda else torch.float32)
-        self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self.batch_sizes = tuple(sorted(set(batch_sizes or default_batch_sizes(self.device))))
         self.face_pads = tuple(face_pads)
         self.fps = fps
         self.window_offset_frames = window_offset_frames
@@ -152,7 +140,7 @@ class Wav2LipBackend:
         self.model.requires_grad_(False)
         self.mask_top_fraction = mask_top_fraction
         self._mask = face_mask(feather_px, mask_top_fraction, device=self.device)
-        self._avatars: dict[str, _AvatarEntry] = {}
+        self._avatars: dict[str, AvatarEntry] = {}
         self._feats: list[torch.Tensor] = []  # 7 x (F, C, H, W) over all avatar frames
         self._base = torch.empty(0, 3, 0, 0, dtype=torch.uint8, device=self.device)
         self._geometry = torch.empty(0, 3, dtype=torch.float32, device=self.device)
@@ -197,21 +185,12 @@ class Wav2LipBackend:
             self.range_reports[avatar.name] = report
             if not report.fits_fp16:
                 self._use_fp32()
-        heights, widths = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
-        first_rows = np.array(
-            [first_blended_row(int(h), self.mask_top_fraction) for h in heights], dtype=np.int32
-        )
-        canvas_hw = (
-            max(self._canvas_hw[0], _round_up(int((heights - first_rows).max()), CANVAS_MULTIPLE_PX)),
-            max(self._canvas_hw[1], _round_up(int(widths.max()), CANVAS_MULTIPLE_PX)),
-        )
-        base = np.zeros((avatar.frame_count, *canvas_hw, 3), dtype=np.uint8)
-        for i, ((x1, y1, x2, y2), row0) in enumerate(zip(boxes, first_rows, strict=True)):
-            base[i, : y2 - y1 - row0, : x2 - x1] = avatar.frames[i, y1 + row0 : y2, x1:x2]
+        canvas = face_canvas(avatar, boxes, self.mask_top_fraction, self._canvas_hw)
+        canvas_hw = canvas.canvas_hw
         with self._on_stream():
             feats = self._encode_faces(inputs)
-            base_t = torch.from_numpy(base).to(self.device).permute(0, 3, 1, 2).contiguous()
-            geometry = torch.from_numpy(np.stack((heights, widths, first_rows), axis=1).astype(np.float32))
+            base_t = torch.from_numpy(canvas.base).to(self.device).permute(0, 3, 1, 2).contiguous()
+            geometry = torch.from_numpy(canvas.geometry)
             if canvas_hw != self._canvas_hw:
                 pad = (0, canvas_hw[1] - self._base.shape[3], 0, canvas_hw[0] - self._base.shape[2])
                 self._base = F.pad(self._base, pad)
@@ -226,7 +205,7 @@ class Wav2LipBackend:
             self._base = torch.cat((self._base, base_t))
             self._geometry = torch.cat((self._geometry, geometry.to(self.device)))
         self._sync()
-        self._avatars[avatar.name] = _AvatarEntry(offset, avatar.frame_count, boxes, first_rows)
+        self._avatars[avatar.name] = AvatarEntry(offset, avatar.frame_count, boxes, canvas.first_rows)
         logger.info("wav2lip avatar %r: %d frames encoded", avatar.name, avatar.frame_count)
 
     def _use_fp32(self) -> None:
@@ -278,9 +257,7 @@ class Wav2LipBackend:
             self._recapture()
 
     def _remove_avatar(self, name: str) -> None:
-        entry = self._avatars.pop(name, None)
-        if entry is None:
-            raise UnknownAvatarError(f"wav2lip backend has no avatar {name!r}")
+        entry = remove_entry(self._avatars, name)
         total = int(self._geometry.shape[0])
         keep = torch.cat((torch.arange(entry.offset), torch.arange(entry.offset + entry.count, total))).to(
             self.device
@@ -290,9 +267,6 @@ class Wav2LipBackend:
             self._base = self._base.index_select(0, keep)
             self._geometry = self._geometry.index_select(0, keep)
         self._sync()
-        for other in self._avatars.values():
-            if other.offset > entry.offset:
-                other.offset -= entry.count
 
     # -- rendering -----------------------------------------------------------------------------------------
 
@@ -308,21 +282,6 @@ class Wav2LipBackend:
         face = self._network(audio, feats)
         return paste_faces(face, base, geometry, self._mask)
 
-    def _rows(self, items: Sequence[RenderItem]) -> tuple[npt.NDArray[np.int64], list[_AvatarEntry]]:
-        rows = np.empty(len(items), dtype=np.int64)
-        entries = []
-        for i, item in enumerate(items):
-            entry = self._avatars.get(item.avatar)
-            if entry is None:
-                raise UnknownAvatarError(f"wav2lip backend has no avatar {item.avatar!r}")
-            if not 0 <= item.frame_index < entry.count:
-                raise IndexError(f"avatar {item.avatar!r} has no frame {item.frame_index}")
-            if item.conditioning.shape != CONDITIONING_SHAPE:
-                raise ValueError(f"conditioning must be {CONDITIONING_SHAPE}, got {item.conditioning.shape}")
-            rows[i] = entry.offset + item.frame_index
-            entries.append(entry)
-        return rows, entries
-
     def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
         """Render a batch; one patch per item, in order: RGB uint8 rows ``row0..h`` of the padded face box.
 
@@ -334,7 +293,7 @@ class Wav2LipBackend:
             return self._render(items)
 
     def _render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
-        rows, entries = self._rows(items)
+        rows, entries = batch_rows(self._avatars, items)
         mels = np.stack([item.conditioning for item in items]).astype(np.float32, copy=False)
         if self._use_graphs and len(items) in self.batch_sizes:
             canvases = self._render_graph(rows, mels)
@@ -429,13 +388,7 @@ class Wav2LipBackend:
             raise RuntimeError("add an avatar before warming up the wav2lip backend")
         name, entry = next(iter(self._avatars.items()))
         silence = np.full(CONDITIONING_SHAPE, -4.0, dtype=np.float32)
-        timings: dict[int, float] = {}
-        for size in self.batch_sizes:
-            items = [RenderItem(name, i % entry.count, silence) for i in range(size)]
-            self.render(items)
-            start_s = time.perf_counter()
-            self.render(items)
-            timings[size] = (time.perf_counter() - start_s) * 1000.0
+        timings = time_batch_sizes(self.render, name, entry.count, silence, self.batch_sizes, repeats=1)
         logger.info("wav2lip warm-up: %s", ", ".join(f"b{k}={v:.1f}ms" for k, v in timings.items()))
         return timings
 

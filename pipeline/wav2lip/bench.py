@@ -17,6 +17,7 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderItem
+from pipeline.timing import FPS
 from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
@@ -26,6 +27,7 @@ BENCH_FRAME_SIZE_PX = 512  # synthetic avatar frames, square
 BENCH_FACE_BOX = (128, 96, 384, 352)  # x1, y1, x2, y2: a 256x256 face
 BENCH_AVATAR_FRAMES = 8
 WARMUP_ITERS = 3
+MODEL_BATCH_SIZES = (1, 8, 32, 128)  # benchmark_model's default sizes
 
 
 def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, seed: int = 0) -> Avatar:
@@ -37,7 +39,7 @@ def synthetic_avatar(name: str = "bench", frames: int = BENCH_AVATAR_FRAMES, see
     boxes = np.tile(np.array(BENCH_FACE_BOX, dtype=np.int32), (frames, 1))
     mouth = [x1 + 64, y2 - 60, x2 - 64, y2 - 60, y2 - 60, y2 - 10]
     mouths = np.tile(np.array(mouth, dtype=np.float32), (frames, 1))
-    return Avatar(name, 25, pixels, boxes, mouths)
+    return Avatar(name, FPS, pixels, boxes, mouths)
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device, iters: int) -> float:
@@ -73,7 +75,7 @@ def _row(config: str, device: torch.device, dtype: torch.dtype, batch: int, ms: 
 @torch.no_grad()
 def benchmark_model(
     device: str | torch.device = "cpu",
-    batch_sizes: Sequence[int] = (1, 8, 32, 128),
+    batch_sizes: Sequence[int] = MODEL_BATCH_SIZES,
     iters: int = 10,
     compile_cache: CompileCache | None = None,
     compile_mode: str = COMPILE_MODE,

@@ -32,6 +32,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import FPS
 from pipeline.wav2lip.mel import (
     CENTER_PAD,
     HOP_LENGTH,
@@ -85,7 +86,7 @@ class Wav2LipFeaturizer:
     before the first (the first ``lookahead_hops`` pushes) get a silent window.
     """
 
-    def __init__(self, fps: int = 25, window_offset_frames: int = INFERENCE_ALIGNMENT) -> None:
+    def __init__(self, fps: int = FPS, window_offset_frames: int = INFERENCE_ALIGNMENT) -> None:
         if window_offset_frames not in (INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT):
             raise ValueError(f"window_offset_frames must be 0 or -1, got {window_offset_frames}")
         if fps <= 0 or SAMPLE_RATE_HZ % fps:

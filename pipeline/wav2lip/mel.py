@@ -17,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import FEATURE_SAMPLE_RATE_HZ
+
 FloatArray = npt.NDArray[np.float32]
 Float64Array = npt.NDArray[np.float64]
 
-SAMPLE_RATE_HZ = 16_000
+SAMPLE_RATE_HZ = FEATURE_SAMPLE_RATE_HZ
 N_FFT = 800  # 50 ms
 HOP_LENGTH = 200  # 12.5 ms
 WIN_LENGTH = N_FFT  # the window fills the FFT, no zero padding

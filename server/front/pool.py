@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from pipeline.defaults import BUILTIN
 from pipeline.engine import RenderEngine
 from pipeline.engine_link.bridge import EngineBridge
 from pipeline.engine_link.ring import RingLayout
@@ -57,7 +58,7 @@ def resolve_render_in(settings: Settings, runtime: Runtime) -> str:
     if settings.render_in != "auto":
         return settings.render_in
     on_cpu = str(runtime.device.get("device", "cpu")).startswith("cpu")
-    return WORKER if settings.backend == "builtin" and on_cpu else ENGINE
+    return WORKER if settings.backend == BUILTIN and on_cpu else ENGINE
 
 
 @dataclass

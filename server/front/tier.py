@@ -183,6 +183,9 @@ async def healthz(request: web.Request) -> web.Response:
                 "ready": bool(state.get("ready")),
                 "sessions": len(worker.sessions),
                 "process_cpu_s": state.get("process_cpu_s"),
+                "cpu": state.get("cpu"),  # its own snapshot (per thread too), taken when it answered
+                "frames_sent_total": state.get("frames_sent_total"),
+                "link": state.get("link"),  # its frames on the engine link: done, expired, ring full
             }
         )
     body |= {

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, OPUS_PACKET_SAMPLES
 from server.probe.client import CallRecording
-from server.probe.media import PACKET_SAMPLES, RATE_HZ, ReceivedAudio
+from server.probe.media import ReceivedAudio
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -29,7 +30,7 @@ def detect_bursts(
     audio: npt.NDArray[np.int16], *, threshold_dbfs: float = -40.0, min_gap_ms: float = 150.0
 ) -> list[Burst]:
     """Bursts of sound separated by ``min_gap_ms`` or more below ``threshold_dbfs`` (10 ms frames)."""
-    frame = RATE_HZ // 100
+    frame = MEDIA_SAMPLE_RATE_HZ // 100
     count = len(audio) // frame
     x = audio[: count * frame].astype(np.float64).reshape(count, frame) / 32768.0
     level_db = 10 * np.log10(np.mean(x * x, axis=1) + 1e-12)
@@ -83,7 +84,8 @@ def align(sent: npt.NDArray[np.int16], received: npt.NDArray[np.int16]) -> tuple
     return lag, float(np.sum(seg_a * seg_b) / denom)
 
 
-EARLY_MATCH = RATE_HZ // 250  # a block may match up to 4 ms before its place (a fading or split block)
+# A block may match up to 4 ms before its place (a fading or split block).
+EARLY_MATCH = MEDIA_SAMPLE_RATE_HZ // 250
 
 
 def found_blocks(
@@ -91,9 +93,9 @@ def found_blocks(
     received: npt.NDArray[np.int16],
     lag: int,
     *,
-    block: int = PACKET_SAMPLES,
-    search: int = 4 * PACKET_SAMPLES,
-    max_inserted: int = 2 * RATE_HZ,
+    block: int = OPUS_PACKET_SAMPLES,
+    search: int = 4 * OPUS_PACKET_SAMPLES,
+    max_inserted: int = 2 * MEDIA_SAMPLE_RATE_HZ,
     min_rms: float = 300.0,
     min_correlation: float = 0.95,
 ) -> list[tuple[int, int | None]]:
@@ -114,8 +116,8 @@ def found_blocks(
     count as lost; a block that only matches earlier than its place is a different block of the same vowel.
     """
     window = np.hanning(block)
-    bins = block * 10_000 // RATE_HZ
-    step = RATE_HZ // 500
+    bins = block * 10_000 // MEDIA_SAMPLE_RATE_HZ
+    step = MEDIA_SAMPLE_RATE_HZ // 500
 
     def spectrum(x: npt.NDArray[np.int16]) -> FloatArray:
         return np.abs(np.fft.rfft(x.astype(np.float64) * window))[:bins]
@@ -173,15 +175,20 @@ def burst_lags(
     bursts: list[Burst],
     around: int,
     *,
-    search: int = RATE_HZ,
-    onset: int = RATE_HZ // 10,
+    search: int = MEDIA_SAMPLE_RATE_HZ,
+    onset: int = MEDIA_SAMPLE_RATE_HZ // 25,
+    min_correlation: float = 0.7,
 ) -> list[tuple[int, float]]:
     """Where each burst begins in the received audio, as a lag (received index - sent index), with the
-    normalised correlation there: its first ``onset`` samples aligned within ``search`` of ``around`` (the
-    whole call's lag), and after the previous burst's end.
+    normalised correlation there.
 
-    The server's jitter buffer may remove silence (to bring latency back down) or play silence while it is
-    dry, so the lag differs from burst to burst, and may grow inside one: a burst's onset is its own.
+    A burst's first ``onset`` samples are looked for within ``search`` of ``around`` (the whole call's lag)
+    and after the previous burst's end: the *earliest* place where they correlate ``min_correlation`` or
+    better (then the best place within ``onset`` after it). Not simply the best place: speech repeats its
+    syllables, so later parts of the same burst may match as well, and the audio may have been split by a
+    dry jitter buffer after its first part. The server's jitter buffer may remove silence (to bring latency
+    back down) or play silence while it is dry, so the lag differs from burst to burst and may grow inside
+    one; a burst's onset is its own.
     """
     out: list[tuple[int, float]] = []
     earliest = 0
@@ -192,26 +199,28 @@ def burst_lags(
         if hi - lo < len(piece) or not piece.any():
             out.append((around, 0.0))
             continue
-        at, correlation = best_match(piece, received[lo:hi].astype(np.float64))
-        out.append((lo + at - burst.start, correlation))
+        scores = match_scores(piece, received[lo:hi].astype(np.float64))
+        good = np.flatnonzero(scores >= min_correlation)
+        first = int(good[0]) if len(good) else int(np.argmax(scores))
+        at = first + int(np.argmax(scores[first : first + len(piece)]))
+        out.append((lo + at - burst.start, float(scores[at])))
         earliest = lo + at + (burst.end - burst.start)
     return out
 
 
-def best_match(piece: FloatArray, within: FloatArray) -> tuple[int, float]:
-    """The offset in ``within`` where ``piece`` fits best by normalised cross-correlation, and its value
-    (windows holding less than 1/400 of the piece's energy are not candidates)."""
+def match_scores(piece: FloatArray, within: FloatArray) -> FloatArray:
+    """Normalised cross-correlation of ``piece`` with each window of ``within`` (0 for windows holding less
+    than 1/400 of the piece's energy: exact zeros from a dry jitter buffer would divide rounding noise by 0).
+    """
     n = 1 << int(np.ceil(np.log2(len(piece) + len(within))))
     corr = np.fft.irfft(np.fft.rfft(within, n) * np.conj(np.fft.rfft(piece, n)), n)
     positions = len(within) - len(piece) + 1
     energy = np.concatenate([[0.0], np.cumsum(within * within)])
     norms = np.sqrt(np.maximum(energy[len(piece) : len(piece) + positions] - energy[:positions], 0.0))
     reference = np.sqrt(np.sum(piece * piece))
-    # Near-silent windows (exact zeros from a dry jitter buffer) would divide rounding noise by ~0.
     audible = norms > 0.05 * reference
-    scores = np.where(audible, corr[:positions] / (reference * np.maximum(norms, 1e-9)), 0.0)
-    best = int(np.argmax(scores))
-    return best, float(scores[best])
+    scores: FloatArray = np.where(audible, corr[:positions] / (reference * np.maximum(norms, 1e-9)), 0.0)
+    return scores
 
 
 def returned_by_burst(
@@ -238,16 +247,16 @@ def returned_by_burst(
         for start, hit in hits:
             if previous_end is not None and start + hit < previous_end - EARLY_MATCH:
                 reordered += 1
-            previous_end = start + hit + PACKET_SAMPLES
+            previous_end = start + hit + OPUS_PACKET_SAMPLES
     return (found / checked if checked else 0.0), checked, reordered, first_lags
 
 
 def sent_time(recording: CallRecording, sample: int) -> float | None:
     """When the client handed sample ``sample`` of its audio to the network (monotonic seconds)."""
-    packet = sample // PACKET_SAMPLES
+    packet = sample // OPUS_PACKET_SAMPLES
     if not 0 <= packet < len(recording.source.sent_at):
         return None
-    return recording.source.sent_at[packet] + (sample % PACKET_SAMPLES) / RATE_HZ
+    return recording.source.sent_at[packet] + (sample % OPUS_PACKET_SAMPLES) / MEDIA_SAMPLE_RATE_HZ
 
 
 def received_time(recording: CallRecording, sample: int) -> float | None:

@@ -18,9 +18,11 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from server.probe.client import call
+from server.probe import analysis
+from server.probe.client import CallRecording, call
+from server.probe.load import HealthPoller, SelfSampler, clients_load, format_load, server_load
 from server.probe.patterns import burst_pattern, load_audio
-from server.probe.plot import write_png
+from server.probe.plot import write_plots
 from server.probe.report import CallReport, analyse, percentiles
 from streaming.rtc import restrict_host_addresses
 
@@ -57,7 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="when the probe's receiver hands a video frame to its decoder: aiortc's way (at the next frame's"
         " first packet, 40 ms later) or a browser's (on the frame's last packet, the RTP marker bit)",
     )
-    p.add_argument("--png", type=Path, help="write the latency histogram and timeline here")
+    p.add_argument(
+        "--png",
+        type=Path,
+        help="write the latency histogram and timeline here, and as SVG beside it (needs lipcast[probe])",
+    )
     p.add_argument("--max-mouth-latency-p95-ms", type=float)
     p.add_argument("--max-av-offset-p95-ms", type=float, help="limit on |A/V offset| p95")
     p.add_argument("--min-fps", type=float, help="limit on every session's received fps")
@@ -81,27 +87,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-async def server_health(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    try:
-        async with http.get(f"{url}/healthz") as response:
-            return dict(await response.json(content_type=None))
-    except (aiohttp.ClientError, ValueError):
-        return {}
+async def _record_and_analyse(
+    url: str,
+    audio: npt.NDArray[np.int16],
+    indices: list[int],
+    sessions: int,
+    ramp_s: float,
+    avatar: str | None,
+    http: aiohttp.ClientSession,
+    video_release: str = "aiortc",
+) -> tuple[list[CallReport | BaseException], dict[str, Any]]:
+    """Run the calls ``indices`` of ``sessions`` (each starting at its place in the ramp), then analyse
+    them: analysis waits until every call here has ended, so it never competes with a live call's media.
+    Also returns this process's CPU figures over the calls (:class:`~server.probe.load.SelfSampler`)."""
 
+    async def one(i: int) -> CallRecording:
+        await asyncio.sleep(ramp_s * i / max(1, sessions))
+        return await call(url, audio, avatar=avatar, http=http, video_release=video_release)
 
-def server_cpu(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, float]:
-    """The server's own CPU use over the run, from its /healthz counters (when it reports them)."""
-    keys = ("process_cpu_s", "frames_sent_total")
-    if not all(k in before and k in after for k in keys):
-        return {}
-    cpu_s = after["process_cpu_s"] - before["process_cpu_s"]
-    frames = after["frames_sent_total"] - before["frames_sent_total"]
-    return {
-        "cpu_s": round(cpu_s, 3),
-        "frames": frames,
-        "cpu_ms_per_frame": round(1000.0 * cpu_s / frames, 3) if frames else float("nan"),
-        "cores_busy": round(cpu_s / wall_s, 3) if wall_s > 0 else float("nan"),
-    }
+    sampler = SelfSampler()
+    sampler.start()
+    recordings = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+    cpu = await sampler.stop()
+    loop = asyncio.get_running_loop()
+    results: list[CallReport | BaseException] = []
+    for recording in recordings:
+        if isinstance(recording, BaseException):
+            results.append(recording)
+            continue
+        try:
+            results.append(await loop.run_in_executor(None, analyse, recording))
+        except Exception as e:  # one call's analysis failing is that call's failure
+            results.append(e)
+    return results, cpu
 
 
 async def run_sessions(
@@ -111,18 +129,18 @@ async def run_sessions(
     ramp_s: float,
     avatar: str | None,
     video_release: str = "aiortc",
-) -> tuple[list[CallReport | BaseException], dict[str, float]]:
+) -> tuple[list[CallReport | BaseException], dict[str, Any], list[dict[str, Any]]]:
+    """All calls from this process. Returns the reports, the server's load, this process's CPU."""
     async with aiohttp.ClientSession() as http:
-
-        async def one(i: int) -> CallReport:
-            await asyncio.sleep(ramp_s * i / max(1, sessions))
-            recording = await call(url, audio, avatar=avatar, http=http, video_release=video_release)
-            return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
-
-        before, t0 = await server_health(http, url), time.monotonic()
-        results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
-        after = await server_health(http, url)
-        return results, server_cpu(before, after, time.monotonic() - t0)
+        poller = HealthPoller(http, url)
+        poller.start()
+        try:
+            results, cpu = await _record_and_analyse(
+                url, audio, list(range(sessions)), sessions, ramp_s, avatar, http, video_release
+            )
+        finally:
+            await poller.stop()
+        return results, server_load(poller.samples), [cpu]
 
 
 def _client_process(
@@ -133,22 +151,17 @@ def _client_process(
     ramp_s: float,
     avatar: str | None,
     ice_addresses: list[str] | None,
-) -> list[CallReport | str]:
+) -> tuple[list[CallReport | str], dict[str, Any]]:
     """One client process of a spread-out load: its share of the calls (picklable results back)."""
     if ice_addresses:
         restrict_host_addresses(ice_addresses)
 
-    async def run() -> list[CallReport | BaseException]:
+    async def run() -> tuple[list[CallReport | BaseException], dict[str, Any]]:
         async with aiohttp.ClientSession() as http:
+            return await _record_and_analyse(url, audio, indices, sessions, ramp_s, avatar, http)
 
-            async def one(i: int) -> CallReport:
-                await asyncio.sleep(ramp_s * i / max(1, sessions))
-                recording = await call(url, audio, avatar=avatar, http=http)
-                return await asyncio.get_running_loop().run_in_executor(None, analyse, recording)
-
-            return await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
-
-    return [r if isinstance(r, CallReport) else f"{type(r).__name__}: {r}" for r in asyncio.run(run())]
+    results, cpu = asyncio.run(run())
+    return [r if isinstance(r, CallReport) else f"{type(r).__name__}: {r}" for r in results], cpu
 
 
 async def run_spread(
@@ -159,7 +172,7 @@ async def run_spread(
     avatar: str | None,
     processes: int,
     ice_addresses: list[str] | None,
-) -> tuple[list[CallReport | BaseException], dict[str, float]]:
+) -> tuple[list[CallReport | BaseException], dict[str, Any], list[dict[str, Any]]]:
     """``run_sessions`` with the clients spread round-robin over ``processes`` processes."""
     import concurrent.futures
     import multiprocessing
@@ -168,22 +181,25 @@ async def run_spread(
     context = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as http:
-        before, t0 = await server_health(http, url), time.monotonic()
-        with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-            parts = await asyncio.gather(
-                *(
-                    loop.run_in_executor(
-                        pool, _client_process, url, audio, share, sessions, ramp_s, avatar, ice_addresses
+        poller = HealthPoller(http, url)
+        poller.start()
+        try:
+            with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+                parts = await asyncio.gather(
+                    *(
+                        loop.run_in_executor(
+                            pool, _client_process, url, audio, share, sessions, ramp_s, avatar, ice_addresses
+                        )
+                        for share in shares
+                        if share
                     )
-                    for share in shares
-                    if share
                 )
-            )
-        after = await server_health(http, url)
+        finally:
+            await poller.stop()
     results: list[CallReport | BaseException] = [
-        r if isinstance(r, CallReport) else RuntimeError(r) for part in parts for r in part
+        r if isinstance(r, CallReport) else RuntimeError(r) for part, _ in parts for r in part
     ]
-    return results, server_cpu(before, after, time.monotonic() - t0)
+    return results, server_load(poller.samples), [cpu for _, cpu in parts]
 
 
 def late_knee(reports: list[CallReport]) -> dict[str, Any]:
@@ -210,6 +226,15 @@ def late_knee(reports: list[CallReport]) -> dict[str, Any]:
     return {"per_second": seconds, "late_from_sessions": knee}
 
 
+def _frame_gaps(reports: list[CallReport]) -> dict[str, float]:
+    """Percentiles (and the largest) of the time between consecutive frames, over every session."""
+    gaps = [analysis.frame_gaps_ms(r.frame_arrivals) for r in reports if len(r.frame_arrivals) > 1]
+    if not gaps:
+        return {}
+    every = np.concatenate(gaps)
+    return {**percentiles(every), "max": round(float(every.max()), 2)}
+
+
 def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
     bursts = [b for r in reports for b in r.bursts]
     frame_pairs = [
@@ -226,6 +251,7 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "abs_av_offset_ms": percentiles([abs(b.av_offset_ms) for b in bursts if b.av_offset_ms is not None]),
         "frame_latency_ms": percentiles([v for r in reports for v in r.frame_latency_ms]),
         "audio_delay_ms": percentiles([v for r in reports for v in r.audio_delay_ms]),
+        "frame_gap_ms": _frame_gaps(reports),
         "fps_min": min((r.fps for r in reports), default=0.0),
         "fps_mean": round(float(np.mean([r.fps for r in reports])), 2) if reports else 0.0,
         "frame_gaps": sum(r.frame_gaps for r in reports),
@@ -284,6 +310,7 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         row("A/V offset (video later), ms", s["av_offset_ms"]),
         row("frame latency (metadata), ms", s["frame_latency_ms"]),
         row("audio in -> audio out, ms", s["audio_delay_ms"]),
+        row("frame gap, ms", s["frame_gap_ms"]),
         f"  fps: min {s['fps_min']:.2f}, mean {s['fps_mean']:.2f}; gaps > 60 ms: {s['frame_gaps']};"
         f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
@@ -291,11 +318,7 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"
         f" frame on {s['metadata_agreement_within_1_frame']}/{s['metadata_compared']}",
     ]
-    if s.get("server_cpu"):
-        c = s["server_cpu"]
-        lines.append(
-            f"  server CPU: {c['cpu_ms_per_frame']:.2f} ms per frame sent; {c['cores_busy']:.2f} cores busy"
-        )
+    lines.extend(format_load(s.get("server_cpu") or {}, s.get("probe_cpu") or {}))
     if s["sessions"] > 1:
         knee = s["late_from_sessions"]
         lines.append(f"  frames start arriving late at: {knee if knee else 'not reached'} active sessions")
@@ -338,7 +361,7 @@ def main(args: argparse.Namespace) -> int:
         restrict_host_addresses(args.ice_addresses)
     started = time.time()
     if args.client_processes > 1:
-        results, cpu = asyncio.run(
+        results, cpu, clients = asyncio.run(
             run_spread(
                 url,
                 audio,
@@ -350,7 +373,7 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     else:
-        results, cpu = asyncio.run(
+        results, cpu, clients = asyncio.run(
             run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar, args.video_release)
         )
     reports = [r for r in results if isinstance(r, CallReport)]
@@ -362,6 +385,7 @@ def main(args: argparse.Namespace) -> int:
     knee = late_knee(reports)
     s = summary(reports, knee)
     s["server_cpu"] = cpu
+    s["probe_cpu"] = clients_load(clients, sum(r.frames for r in reports))
     print(format_summary(url, s, len(errors)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -375,7 +399,7 @@ def main(args: argparse.Namespace) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if args.png:
-        write_png(args.png, reports, f"lipcast probe: {url}, {len(reports)} session(s)")
+        write_plots(args.png, reports, f"lipcast probe: {url}, {len(reports)} session(s)")
     missed = check(
         s,
         Thresholds(

@@ -16,7 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
-from streaming.rtc import tune_receiver_latency
+from streaming.rtc import tune_receiver_latency, use_fast_audio_level
 
 
 class ProbeError(RuntimeError):
@@ -52,6 +52,7 @@ async def call(
 
     ``video_release``: ``aiortc`` holds each received video frame until the next frame's first packet (40 ms
     at 25 fps, aiortc's own receiver); ``marker`` releases it on its last packet, as a browser does."""
+    use_fast_audio_level()  # the probe's senders too: it has to drive 40+ calls from a few cores
     own_http = http is None
     http = http or aiohttp.ClientSession()
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

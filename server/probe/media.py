@@ -14,9 +14,9 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler, VideoFrame
 
-RATE_HZ = 48_000
-PACKET_SAMPLES = 960  # 20 ms, what a browser's Opus sender uses
-TIME_BASE = fractions.Fraction(1, RATE_HZ)
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, OPUS_PACKET_SAMPLES
+
+TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 
 
 class PatternAudioTrack(MediaStreamTrack):
@@ -33,7 +33,7 @@ class PatternAudioTrack(MediaStreamTrack):
 
     @property
     def finished(self) -> bool:
-        return len(self.sent_at) * PACKET_SAMPLES >= len(self.audio)
+        return len(self.sent_at) * OPUS_PACKET_SAMPLES >= len(self.audio)
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -41,15 +41,15 @@ class PatternAudioTrack(MediaStreamTrack):
         index = len(self.sent_at)
         if self._start is None:
             self._start = time.monotonic()
-        delay_s = self._start + index * PACKET_SAMPLES / RATE_HZ - time.monotonic()
+        delay_s = self._start + index * OPUS_PACKET_SAMPLES / MEDIA_SAMPLE_RATE_HZ - time.monotonic()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        chunk = self.audio[index * PACKET_SAMPLES : (index + 1) * PACKET_SAMPLES]
-        if len(chunk) < PACKET_SAMPLES:
-            chunk = np.concatenate([chunk, np.zeros(PACKET_SAMPLES - len(chunk), np.int16)])
+        chunk = self.audio[index * OPUS_PACKET_SAMPLES : (index + 1) * OPUS_PACKET_SAMPLES]
+        if len(chunk) < OPUS_PACKET_SAMPLES:
+            chunk = np.concatenate([chunk, np.zeros(OPUS_PACKET_SAMPLES - len(chunk), np.int16)])
         frame = AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE_HZ
-        frame.pts = index * PACKET_SAMPLES
+        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
+        frame.pts = index * OPUS_PACKET_SAMPLES
         frame.time_base = TIME_BASE
         self.sent_at.append(time.monotonic())
         if self.finished:
@@ -103,7 +103,7 @@ async def record_video(
 
 
 async def record_audio(track: MediaStreamTrack, out: ReceivedAudio) -> None:
-    resampler = AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
+    resampler = AudioResampler(format="s16", layout="mono", rate=MEDIA_SAMPLE_RATE_HZ)
     while True:
         try:
             frame = await track.recv()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import numpy as np
 import numpy.typing as npt
 
-from server.probe.media import RATE_HZ
+from pipeline.audio_file import decode_audio
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 
 # Formant pairs (F1, F2) of a few vowels: the bursts cycle through them so the mouth shapes vary too.
 VOWELS_HZ = ((730, 1090), (270, 2290), (300, 870), (530, 1840), (570, 840))
@@ -18,8 +18,8 @@ def vowel(
     duration_s: float, f0_hz: float, formants_hz: tuple[int, int], level: float, rng: np.random.Generator
 ) -> npt.NDArray[np.float64]:
     """A voiced sound: harmonics of ``f0_hz`` (with slight vibrato) shaped by two formant peaks."""
-    t = np.arange(int(duration_s * RATE_HZ)) / RATE_HZ
-    phase = 2 * np.pi * f0_hz * np.cumsum(1.0 + 0.01 * np.sin(2 * np.pi * 5.0 * t)) / RATE_HZ
+    t = np.arange(int(duration_s * MEDIA_SAMPLE_RATE_HZ)) / MEDIA_SAMPLE_RATE_HZ
+    phase = 2 * np.pi * f0_hz * np.cumsum(1.0 + 0.01 * np.sin(2 * np.pi * 5.0 * t)) / MEDIA_SAMPLE_RATE_HZ
     f1, f2 = formants_hz
     out = np.zeros_like(t)
     for k in range(1, int(4000 / f0_hz)):
@@ -39,7 +39,7 @@ def burst_pattern(
     throughout, as from a real microphone.
     """
     rng = np.random.default_rng(seed)
-    total = int(duration_s * RATE_HZ)
+    total = int(duration_s * MEDIA_SAMPLE_RATE_HZ)
     audio = np.zeros(total)
     t = lead_in_s
     while True:
@@ -47,11 +47,11 @@ def burst_pattern(
         if t + burst_s + 0.5 > duration_s:
             break
         level = 10 ** (rng.uniform(-24, -6) / 20)
-        start = int(t * RATE_HZ)
+        start = int(t * MEDIA_SAMPLE_RATE_HZ)
         pos = start
-        end = start + int(burst_s * RATE_HZ)
+        end = start + int(burst_s * MEDIA_SAMPLE_RATE_HZ)
         while pos < end:
-            syllable_s = min(rng.uniform(0.12, 0.3), (end - pos) / RATE_HZ)
+            syllable_s = min(rng.uniform(0.12, 0.3), (end - pos) / MEDIA_SAMPLE_RATE_HZ)
             if syllable_s < 0.05:
                 break
             sound = vowel(
@@ -66,16 +66,4 @@ def burst_pattern(
 
 def load_audio(path: Path) -> npt.NDArray[np.int16]:
     """Decode any audio file PyAV reads into 48 kHz mono int16."""
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
-    chunks: list[npt.NDArray[np.int16]] = []
-    with av.open(str(path)) as container:
-        if not container.streams.audio:
-            raise ValueError(f"{path} has no audio stream")
-        for frame in container.decode(audio=0):
-            for out in resampler.resample(frame):
-                chunks.append(out.to_ndarray().reshape(-1).astype(np.int16))
-    for out in resampler.resample(None):
-        chunks.append(out.to_ndarray().reshape(-1).astype(np.int16))
-    if not chunks:
-        raise ValueError(f"{path} holds no audio")
-    return np.concatenate(chunks)
+    return decode_audio(path, MEDIA_SAMPLE_RATE_HZ, "s16")

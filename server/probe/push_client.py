@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from server.probe.wish import WishError, auth_headers
+from server.probe.wish import auth_headers, post_json
 
 
 @dataclass
@@ -101,11 +101,7 @@ async def create_push_session(
     body: dict[str, Any] = {"sample_rate_hz": sample_rate_hz, "encoding": "pcm16", "channels": 1}
     if avatar:
         body["avatar"] = avatar
-    async with http.post(f"{base_url}/sessions", json=body, headers=auth_headers(token)) as response:
-        data = await response.json(content_type=None)
-        if response.status != 201:
-            raise WishError(response.status, str(data))
-    return dict(data)
+    return await post_json(http, f"{base_url}/sessions", body, token, 201)
 
 
 async def open_push(

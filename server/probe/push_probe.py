@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from server.probe.media import RATE_HZ
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from server.probe.patterns import VOWELS_HZ, vowel
 from server.probe.push_client import open_push
 from server.probe.report import motion_threshold, percentiles
@@ -36,7 +36,7 @@ def utterance(duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Continuous speech-like syllables (no pauses, so any quiet after an interrupt is the interrupt's)."""
     parts = []
     total = 0
-    while total < duration_s * RATE_HZ:
+    while total < duration_s * MEDIA_SAMPLE_RATE_HZ:
         sound = vowel(rng.uniform(0.15, 0.3), rng.uniform(100, 220), VOWELS_HZ[rng.integers(5)], 0.3, rng)
         parts.append(sound)
         total += len(sound)
@@ -70,7 +70,7 @@ def settled_after(times: list[float], busy: list[bool], t0: float, t1: float) ->
 async def run(url: str, cycles: int, speak_s: float, avatar: str | None, token: str | None) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     async with aiohttp.ClientSession() as http:
-        push = await open_push(http, url, RATE_HZ, avatar=avatar, token=token)
+        push = await open_push(http, url, MEDIA_SAMPLE_RATE_HZ, avatar=avatar, token=token)
         viewer: Peer | None = None
         marks: list[tuple[float, float]] = []  # (pushed at, interrupted at)
         try:

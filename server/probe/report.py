@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, MEDIA_SAMPLES_PER_FRAME, VIDEO_PTS_PER_FRAME
 from server.probe import analysis
 from server.probe.client import CallRecording
-from server.probe.media import RATE_HZ
 
 OPUS_DELAY_SAMPLES = 312  # libopus's algorithmic delay at 48 kHz (6.5 ms), once per encode/decode hop
-PTS_PER_FRAME = 3600  # 90 kHz / 25 fps
 GAP_MS = 60.0  # a frame arriving this long after the previous one is a gap (1.5 frames)
 FREEZE_MS = 250.0  # ... and this long, a freeze
 AUDIO_GAP_MS = 60.0
@@ -94,7 +93,7 @@ def frame_numbers(recording: CallRecording) -> np.ndarray:
     if not recording.meta or not recording.video.pts:
         return np.full(len(recording.video.pts), -1)
     first = int(recording.meta[0][1]["frame"])
-    return first + np.asarray(recording.video.pts, dtype=np.int64) // PTS_PER_FRAME
+    return first + np.asarray(recording.video.pts, dtype=np.int64) // VIDEO_PTS_PER_FRAME
 
 
 def motion_threshold(motion: np.ndarray, silent: np.ndarray) -> float:
@@ -149,8 +148,8 @@ def analyse(recording: CallRecording) -> CallReport:
                 av_offset = (arrivals[index] - audio_at) * 1000.0
         results.append(
             BurstResult(
-                start_ms=burst.start * 1000.0 / RATE_HZ,
-                duration_ms=(burst.end - burst.start) * 1000.0 / RATE_HZ,
+                start_ms=burst.start * 1000.0 / MEDIA_SAMPLE_RATE_HZ,
+                duration_ms=(burst.end - burst.start) * 1000.0 / MEDIA_SAMPLE_RATE_HZ,
                 mouth_latency_ms=latency,
                 av_offset_ms=av_offset,
                 onset_frame=onset_frame,
@@ -167,11 +166,11 @@ def analyse(recording: CallRecording) -> CallReport:
         freezes=int((gaps > FREEZE_MS).sum()),
         max_frame_gap_ms=round(float(gaps.max()), 1) if len(gaps) else 0.0,
         late_frames=sum(1 for m in meta.values() if m.get("late")),
-        audio_lag_ms=round(lag * 1000.0 / RATE_HZ, 2),
+        audio_lag_ms=round(lag * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 2),
         audio_correlation=round(correlation, 4),
         audio_returned=round(returned, 4),
         audio_bursts_reordered=reordered,
-        audio_burst_lags_ms=[round(v * 1000.0 / RATE_HZ, 2) for v in burst_lags],
+        audio_burst_lags_ms=[round(v * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 2) for v in burst_lags],
         audio_gaps=int((audio_gaps > AUDIO_GAP_MS).sum()),
         audio_delay_ms=[float(v) for v in analysis.audio_delays_ms(recording, lag)],
         frame_latency_ms=frame_latency,
@@ -209,7 +208,7 @@ def _meta_onset(
         if m.get("audio_ms") is None:
             continue
         position = round(m["audio_ms"] * 48) - OPUS_DELAY_SAMPLES
-        if position + RATE_HZ // 25 < burst.start - RATE_HZ // 10:
+        if position + MEDIA_SAMPLES_PER_FRAME < burst.start - MEDIA_SAMPLE_RATE_HZ // 10:
             continue
         if position > burst.end:
             return None

@@ -21,10 +21,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from yarl import URL
 
+from pipeline.timing import VIDEO_PTS_PER_FRAME
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
 
 SDP = "application/sdp"
-FRAME_PTS = 3600  # 90 kHz ticks per frame at 25 fps
 
 
 class WishError(RuntimeError):
@@ -61,7 +61,8 @@ class Peer:
             return {}
         first = int(self.meta[0][1]["frame"])
         return {
-            first + pts // FRAME_PTS: t for pts, t in zip(self.video.pts, self.video.arrived_at, strict=True)
+            first + pts // VIDEO_PTS_PER_FRAME: t
+            for pts, t in zip(self.video.pts, self.video.arrived_at, strict=True)
         }
 
     def frame_regions(self) -> dict[int, npt.NDArray[np.uint8]]:
@@ -69,7 +70,8 @@ class Peer:
             return {}
         first = int(self.meta[0][1]["frame"])
         return {
-            first + pts // FRAME_PTS: r for pts, r in zip(self.video.pts, self.video.regions, strict=True)
+            first + pts // VIDEO_PTS_PER_FRAME: r
+            for pts, r in zip(self.video.pts, self.video.regions, strict=True)
         }
 
     async def wait_connected(self, timeout_s: float = 15.0) -> None:
@@ -88,6 +90,18 @@ class Peer:
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def post_json(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], token: str | None, expected_status: int
+) -> dict[str, Any]:
+    """POST ``body`` as JSON (with the bearer token): the JSON answer, or :class:`WishError` on another
+    status."""
+    async with http.post(url, json=body, headers=auth_headers(token)) as response:
+        data = await response.json(content_type=None)
+        if response.status != expected_status:
+            raise WishError(response.status, str(data))
+    return dict(data)
 
 
 async def mouth_box(
@@ -183,10 +197,7 @@ async def open_publisher(
             body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
             if avatar:
                 body["avatar"] = avatar
-            async with http.post(f"{base_url}/offer", json=body, headers=auth_headers(token)) as response:
-                data = await response.json(content_type=None)
-                if response.status != 200:
-                    raise WishError(response.status, str(data))
+            data = await post_json(http, f"{base_url}/offer", body, token, 200)
             peer.session_id = data["session_id"]
             peer.resource_url = f"{base_url}/sessions/{peer.session_id}"
             answer_sdp = data["sdp"]

@@ -15,6 +15,7 @@ from pipeline.registry import AvatarRegistry
 from pipeline.runtime import configure_threads
 from server.app import build_runtime, load_avatars
 from server.config import Settings
+from server.cpu_usage import cpu_snapshot
 from server.sessions import SessionManager
 from server.state import RUNTIME, Runtime
 from server.worker.spec import ENGINE, LinkedBackend, WorkerSpec
@@ -64,6 +65,7 @@ async def worker_state(request: web.Request) -> web.Response:
         "index": spec.index,
         "pid": os.getpid(),
         "process_cpu_s": round(time.process_time(), 3),
+        "cpu": cpu_snapshot(),
         "ready": False,
     }
     if runtime is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-SAMPLE_RATE_HZ = 16_000
+from pipeline.timing import FEATURE_SAMPLE_RATE_HZ
+
+SAMPLE_RATE_HZ = FEATURE_SAMPLE_RATE_HZ
 
 # First three formants (Hz) of a few vowels, adult male (Peterson & Barney 1952).
 FORMANTS_HZ = {

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from server.app import create_app, load_avatars
-from server.config import Settings, parse_settings
+from server.config import Settings
+from server.flags import parse_settings
 from server.probe.client import call
 from server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16

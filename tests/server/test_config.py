@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.avatar import BUILTIN_AVATAR_DIR
-from server.config import Settings, parse_settings
+from server.config import Settings
+from server.flags import parse_settings
 
 
 def test_defaults_serve_the_builtin_avatar_on_loopback() -> None:

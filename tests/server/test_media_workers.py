@@ -69,6 +69,9 @@ async def test_calls_are_spread_and_session_requests_reach_the_owner(aiohttp_cli
             health = await response.json()
         assert health["sessions"] == 2 and health["media_workers"]["count"] == 2
         assert [w["sessions"] for w in health["media_workers"]["workers"]] == [1, 1]
+        for w in health["media_workers"]["workers"]:  # each worker's own CPU, per thread group too
+            assert w["cpu"]["pid"] == w["pid"] and "MainThread" in w["cpu"]["threads_cpu_s"]
+        assert health["cpu"]["pid"] == os.getpid() and "batches" in health["engine"]["stats"]
 
         viewer = await open_viewer(client.session, url, b.session_id)
         await asyncio.wait_for(viewer.connected.wait(), 20)

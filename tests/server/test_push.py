@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from server.app import create_app
 from server.config import Settings
 from server.probe import analysis
@@ -21,7 +22,7 @@ from tests.fakes import speech_pattern, to_int16
 
 pytestmark = pytest.mark.usefixtures("loopback_ice")
 
-RATE_HZ = 48_000
+RATE_HZ = MEDIA_SAMPLE_RATE_HZ
 PATTERN = [("silence", 0.6), ("speech", 0.8), ("silence", 0.9), ("speech", 0.8), ("silence", 1.0)]
 
 

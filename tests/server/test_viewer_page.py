@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -47,4 +48,10 @@ def test_viewer_page_plays_the_session_with_sound_on_a_green_background(netns: s
     mouths = np.array([p["mouth"] for p in playing], dtype=np.float64)
     assert np.abs(np.diff(mouths, axis=0)).mean(axis=1).max() > 3.0
     assert result["viewers"]["count"] == 1
-    assert shot.read_bytes().startswith(b"\x89PNG")
+    # The screenshot shows that picture: the square video fitted to the 360 px height in the middle, the
+    # page's green on both sides, the avatar (not green) inside.
+    picture = cv2.imread(str(shot), cv2.IMREAD_COLOR)
+    assert picture is not None and picture.shape[:2] == (360, 640), None if picture is None else picture.shape
+    green = np.all(np.abs(picture.astype(np.int16) - (0, 255, 0)) <= 8, axis=2)  # BGR
+    assert green[:, :120].all() and green[:, -120:].all()
+    assert green[:, 200:440].mean() < 0.2

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.runtime import default_render_budget_ms
+from pipeline.defaults import default_render_budget_ms
 from pipeline.wav2lip.model import Wav2Lip
 from server.app import create_app
 from server.config import Settings

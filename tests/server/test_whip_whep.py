@@ -16,6 +16,7 @@ from server.probe.wish import open_publisher, open_viewer
 from server.state import RUNTIME
 from streaming.fanout import VIDEO_QUEUE_FRAMES
 from tests.fakes import speech_pattern, to_int16
+from tests.server.watched_call import syllables_after_silence, watched_call
 
 pytestmark = pytest.mark.usefixtures("loopback_ice")
 
@@ -118,27 +119,12 @@ async def test_whep_viewers_get_the_callers_frames_encoded_once(aiohttp_client) 
     """Two viewers of a call page session: identical packets (one encoder), the caller's frames, no lag."""
     client = await aiohttp_client(create_app(Settings()))
     url = base_url(client)
-    syllables = [("speech", 0.24), ("silence", 0.24)] * 5  # many onsets: the mouth moves a lot
-    sent = to_int16(speech_pattern([("silence", 0.6), *syllables, ("silence", 0.3)]))
-    caller = await open_publisher(client.session, url, sent, signalling="offer")
-    viewers = []
-    try:
-        await caller.wait_connected()
-        viewers = [await open_viewer(client.session, url, caller.session_id) for _ in range(2)]
-        for viewer in viewers:
-            await viewer.wait_connected()
-        assert caller.source is not None
-        await caller.source.done.wait()
-        await asyncio.sleep(0.3)
+    async with watched_call(client.session, url, syllables_after_silence()) as (caller, viewers):
         session = client.app[RUNTIME].sessions.get(caller.session_id)
         stats = session.viewers.stats_json()
         assert stats["count"] == 2
         # One encode per frame for both viewers.
         assert stats["encoder"]["video_frames"] <= session.stream.stats.ticks
-    finally:
-        for viewer in viewers:
-            await viewer.close()
-        await caller.close()
 
     own, first, second = caller.frame_regions(), viewers[0].frame_regions(), viewers[1].frame_regions()
     both = sorted(set(first) & set(second))

@@ -9,6 +9,7 @@ import pytest
 
 from server.probe import analysis
 from server.probe.patterns import burst_pattern
+from tests.fakes import speech_pattern, to_int16
 
 Audio = npt.NDArray[np.int16]
 DELAY = 5_000  # samples between sending and receiving, as the server's jitter buffer and lookahead add
@@ -89,3 +90,17 @@ def test_audio_played_out_of_order_is_caught() -> None:
     received = np.concatenate([silence(DELAY), SENT[:at], b, a, SENT[at + 2 * piece :]])
     fraction, checked, reordered, _ = measure(received)
     assert reordered > 0 or (1.0 - fraction) * checked >= 3, (fraction, reordered)
+
+
+def test_a_burst_split_soon_after_its_onset_keeps_its_onset() -> None:
+    """Periodic speech (the test fakes' syllables repeat every 200 ms): later parts of a burst match its
+    onset as well as the onset itself. A dry tick 60 ms in, as seen on a loaded box, once made the whole
+    burst read from a later copy, and its last 20 blocks as lost."""
+    sent = to_int16(speech_pattern([("silence", 1.0), ("speech", 1.5), ("silence", 1.0)]))
+    bursts = analysis.detect_bursts(sent)
+    assert len(bursts) == 1
+    at = bursts[0].start + 2_880
+    received = np.concatenate([silence(DELAY), sent[:at], silence(1_920), sent[at:]])
+    lags = [burst_lag for burst_lag, _ in analysis.burst_lags(sent, received, bursts, DELAY + 1_920)]
+    fraction, _, reordered, first_lags = analysis.returned_by_burst(sent, received, bursts, lags)
+    assert (fraction, reordered, first_lags) == (1.0, 0, [DELAY])

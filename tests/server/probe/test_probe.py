@@ -9,10 +9,9 @@ import pytest
 
 from server.app import create_app
 from server.config import Settings
-from server.probe import cli, report
+from server.probe import cli, plot, report
 from server.probe.client import call
 from server.probe.patterns import burst_pattern
-from server.probe.plot import write_png
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
 
@@ -58,10 +57,26 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path, v
     assert summary["metadata_agreement_within_1_frame"] == summary["metadata_compared"] == len(result.bursts)
     text = cli.format_summary(url, summary, 0)
     assert "audio in -> mouth moves" in text and "p95" in text and "jitter buffer" in text
-    json.dumps({"summary": summary, "session": result.to_json()})
-    png = tmp_path / "probe.png"
-    write_png(png, [result], "test")
-    assert png.stat().st_size > 5000
+    # What --json writes: plain JSON, the per-frame lists summarised, the per-burst figures as measured.
+    doc = json.loads(json.dumps({"summary": summary, "session": result.to_json()}))
+    session = doc["session"]
+    assert "frame_arrivals" not in session and session["fps"] == result.fps
+    assert session["frame_latency_ms"]["count"] == len(result.frame_latency_ms)
+    assert session["frame_latency_ms"]["p50"] == pytest.approx(frame_p50, abs=0.01)
+    assert [b["onset_frame"] for b in session["bursts"]] == [b.onset_frame for b in result.bursts]
+    assert doc["summary"]["metadata_compared"] == len(result.bursts)
+    # The picture (lipcast[probe], which make installs) shows this call's measurements.
+    assert plot.write_plots(tmp_path / "probe.png", [result], "test") == [
+        tmp_path / "probe.png",
+        tmp_path / "probe.svg",
+    ]
+    histogram, timeline = plot.figure([result], "test").axes
+    frames = histogram.patches[1].get_data().values
+    assert frames.sum() == pytest.approx(1.0) and len(result.frame_latency_ms) > 100
+    lo, hi = histogram.get_xlim()
+    assert lo <= min(result.frame_latency_ms) and max(result.frame_latency_ms) <= 1.1 * hi
+    assert len(timeline.collections[0].get_segments()) == len(result.frame_arrivals) - 1
+    assert plot.TIMELINE_XLABEL in (tmp_path / "probe.svg").read_text()
 
     assert cli.check(summary, cli.Thresholds(min_fps=20.0, min_audio_returned=0.99)) == []
     missed = cli.check(summary, cli.Thresholds(max_mouth_latency_p95_ms=1.0, max_av_offset_p95_ms=0.0))
