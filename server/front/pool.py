@@ -36,6 +36,7 @@ from pipeline.defaults import BUILTIN
 from pipeline.engine import RenderEngine
 from pipeline.engine_link.bridge import EngineBridge
 from pipeline.engine_link.ring import RingLayout
+from server.capacity import RETRY_AFTER_S
 from server.config import Settings
 from server.errors import CapacityError, NotFoundError
 from server.state import Runtime
@@ -44,7 +45,6 @@ from server.worker.spec import ENGINE, WORKER, BackendInfo, EngineLinkSpec, Work
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 10
 ENGINE_SLOTS_PER_WORKER = 48  # frames in flight per worker (a call has ~1-2 at a 40 ms render budget)
 HEALTH_INTERVAL_S = 0.5
 HEALTH_TIMEOUT_S = 2.0

@@ -27,7 +27,8 @@ from multidict import CIMultiDict
 
 from server import routes
 from server.auth import require_bearer
-from server.errors import CapacityError
+from server.capacity import STARTING_RETRY_AFTER_S
+from server.errors import CapacityError, ServiceUnavailableError
 from server.front.pool import Worker, WorkerPool
 from server.front.promtext import merge_expositions
 from server.metrics import CONTENT_TYPE
@@ -231,9 +232,9 @@ async def readyz(request: web.Request) -> web.Response:
         body["sessions"] = pool.sessions_total if pool is not None else len(runtime.sessions.sessions)
     if pool is not None:
         body["media_workers_ready"] = sum(1 for w in pool.live() if w.ready)
-    if ready:
-        return web.json_response(body)
-    return web.json_response(body, status=503, headers={"Retry-After": "5"})
+    if not ready:
+        raise ServiceUnavailableError(reason, STARTING_RETRY_AFTER_S, details=body)
+    return web.json_response(body)
 
 
 async def metrics(request: web.Request) -> web.Response:
