@@ -48,20 +48,11 @@ from pipeline.wav2lip.checkpoint import load_wav2lip
 from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache, environment_key
 from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
-from pipeline.wav2lip.featurizer import (
-    CONDITIONING_SHAPE,
-    INFERENCE_ALIGNMENT,
-    Wav2LipFeaturizer,
-)
+from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
 from pipeline.wav2lip.fold import fold_batchnorm
 from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
-from pipeline.wav2lip.paste import (
-    DEFAULT_FEATHER_PX,
-    DEFAULT_MASK_TOP_FRACTION,
-    face_mask,
-    paste_faces,
-)
+from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
 from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
 from pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
 

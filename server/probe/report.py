@@ -202,7 +202,9 @@ def add_stages(stages: dict[str, list[float]], frame_stages: dict[str, float], l
 def _meta_onset(
     recording: CallRecording, burst: analysis.Burst, meta: dict[int, dict[str, Any]]
 ) -> int | None:
-    """The first frame whose metadata shows an open mouth with audio from around the burst's start."""
+    """The first frame whose metadata shows an open mouth with audio from around the burst's start, and
+    whose render was ready (a late frame repeats the picture before it: on a busy machine the first frames
+    of a burst often are)."""
     for number in sorted(meta):
         m = meta[number]
         if m.get("audio_ms") is None:
@@ -212,6 +214,6 @@ def _meta_onset(
             continue
         if position > burst.end:
             return None
-        if m.get("active"):
+        if m.get("active") and not m.get("late"):
             return number
     return None

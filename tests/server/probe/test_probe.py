@@ -9,7 +9,8 @@ import pytest
 
 from server.app import create_app
 from server.config import Settings
-from server.probe import cli, plot, report
+from server.probe import plot, report
+from server.probe import summary as probe_summary
 from server.probe.client import call
 from server.probe.patterns import burst_pattern
 
@@ -52,10 +53,10 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path, v
     assert len(stages["outside"]) == len(result.frame_latency_ms)
     assert all(v == stages["lookahead"][0] for v in stages["lookahead"]) and stages["budget"][0] == 40.0
     assert 0 <= float(np.median(stages["buffer"])) < 200 and float(np.median(stages["outside"])) > 0
-    summary = cli.summary([result], cli.late_knee([result]))
+    summary = probe_summary.summary([result], probe_summary.late_knee([result]))
     assert set(summary["stages_ms"]) >= {"buffer", "outside"}
     assert summary["metadata_agreement_within_1_frame"] == summary["metadata_compared"] == len(result.bursts)
-    text = cli.format_summary(url, summary, 0)
+    text = probe_summary.format_summary(url, summary, 0)
     assert "audio in -> mouth moves" in text and "p95" in text and "jitter buffer" in text
     # What --json writes: plain JSON, the per-frame lists summarised, the per-burst figures as measured.
     doc = json.loads(json.dumps({"summary": summary, "session": result.to_json()}))
@@ -78,8 +79,10 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path, v
     assert len(timeline.collections[0].get_segments()) == len(result.frame_arrivals) - 1
     assert plot.TIMELINE_XLABEL in (tmp_path / "probe.svg").read_text()
 
-    assert cli.check(summary, cli.Thresholds(min_fps=20.0, min_audio_returned=0.99)) == []
-    missed = cli.check(summary, cli.Thresholds(max_mouth_latency_p95_ms=1.0, max_av_offset_p95_ms=0.0))
+    assert probe_summary.check(summary, probe_summary.Thresholds(min_fps=20.0, min_audio_returned=0.99)) == []
+    missed = probe_summary.check(
+        summary, probe_summary.Thresholds(max_mouth_latency_p95_ms=1.0, max_av_offset_p95_ms=0.0)
+    )
     assert len(missed) == 2
 
 
