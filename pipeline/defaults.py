@@ -19,6 +19,10 @@ WAV2LIP = "wav2lip"
 BACKENDS = (BUILTIN, WAV2LIP)
 DEFAULT_BACKEND = BUILTIN
 
+# torch.compile modes of the Wav2Lip kernels: fusion only (the default), or every convolution autotuned
+# (builds far longer).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+COMPILE_MODE = COMPILE_MODES[0]
 CUDA_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CPU_BATCH_SIZES = (1, 2, 4, 8)
 

@@ -140,7 +140,8 @@ def create_backend(
         from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT
 
         offset = TRAINING_ALIGNMENT if wav2lip_alignment == "training" else INFERENCE_ALIGNMENT
-        from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
+        from pipeline.defaults import COMPILE_MODE
+        from pipeline.wav2lip.compile_cache import CompileCache
 
         sizes = tuple(batch_sizes) or None  # None: the device's default
         cache = None if compile_cache_dir is None else CompileCache(compile_cache_dir)

@@ -13,11 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
-from pipeline.defaults import (
-    BACKENDS,
-    DEFAULT_BACKEND,
-    WAV2LIP,
-)
+from pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
 from pipeline.timing import FPS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +59,7 @@ class Settings:
     # a CPU; on = also build at start
     wav2lip_compile: str = "auto"
     compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
-    wav2lip_compile_mode: str = "default"  # or "max-autotune-no-cudagraphs" (autotunes: builds far longer)
+    wav2lip_compile_mode: str = COMPILE_MODE  # one of COMPILE_MODES
     # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
     # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
     jitter_buffer_ms: float | None = 60.0
@@ -124,7 +120,7 @@ class Settings:
             problems.append("wav2lip_alignment must be 'inference' or 'training'")
         if self.wav2lip_compile not in ("auto", "on", "off"):
             problems.append("wav2lip_compile must be auto, on or off")
-        if self.wav2lip_compile_mode not in ("max-autotune-no-cudagraphs", "default"):
+        if self.wav2lip_compile_mode not in COMPILE_MODES:
             problems.append("wav2lip_compile_mode must be max-autotune-no-cudagraphs or default")
         if self.batch_sizes and min(self.batch_sizes) < 1:
             problems.append("batch sizes must be positive")

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.defaults import COMPILE_MODES
+from server.tools_cli import batch_sizes_arg
+
 logger = logging.getLogger(__name__)
 
 # Compiled fp16 against eager fp32, in uint8 levels of the pasted patches: fp16 storage between 50 layers
@@ -26,17 +29,6 @@ logger = logging.getLogger(__name__)
 MAX_LEVEL_DIFF = 8
 MAX_MEAN_LEVEL_DIFF = 0.5
 CHECK_ITEMS = 8
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # as pipeline.wav2lip.compile_cache (no torch here)
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(x) for x in text.split(",") if x}))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"batch sizes must be integers: {text!r}") from e
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError("batch sizes must be positive")
-    return sizes
 
 
 def numerical_check(compiled: Any, reference: Any, avatar_name: str, frames: int) -> dict[str, float]:
@@ -166,7 +158,7 @@ def add_commands(commands: Any) -> None:
         " take the weights as inputs, so one build serves every checkpoint)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--batch-sizes", type=_sizes, help="engine batch buckets (default: per device)")
+    p.add_argument("--batch-sizes", type=batch_sizes_arg, help="engine batch buckets (default: per device)")
     p.add_argument("--compile-cache-dir", type=Path, help="default ~/.cache/lipcast/compile")
     p.add_argument(
         "--compile-mode", choices=COMPILE_MODES, default=COMPILE_MODES[0], help="torch.compile mode"

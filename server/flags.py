@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pipeline.defaults import BACKENDS, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
+from pipeline.defaults import BACKENDS, COMPILE_MODES, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
 from server.config import RENDER_PLACES, IceServer, Settings, default_media_workers
 
 ENV_PREFIX = "LIPCAST_"
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--wav2lip-compile-mode",
         "torch.compile mode: default (fusion, no autotuning) or max-autotune-no-cudagraphs (autotunes every"
         " convolution; builds far longer)",
-        choices=("default", "max-autotune-no-cudagraphs"),
+        choices=COMPILE_MODES,
     )
     _option(
         p,

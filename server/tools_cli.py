@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.defaults import BACKENDS, DEFAULT_BACKEND, RENDER_BUDGET_MS
+from pipeline.defaults import BACKENDS, COMPILE_MODES, DEFAULT_BACKEND, RENDER_BUDGET_MS
 
 logger = logging.getLogger(__name__)
 
 
-def _sizes(text: str) -> tuple[int, ...]:
+def batch_sizes_arg(text: str) -> tuple[int, ...]:
+    """argparse type of a comma-separated list of batch sizes."""
     try:
         sizes = tuple(sorted({int(x) for x in text.split(",") if x}))
     except ValueError as e:
@@ -35,7 +36,7 @@ def _backend_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
     p.add_argument("--checkpoint", type=Path, help="Wav2Lip checkpoint (random weights if omitted)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--batch-sizes", type=_sizes, help="engine batch buckets (default: per device)")
+    p.add_argument("--batch-sizes", type=batch_sizes_arg, help="engine batch buckets (default: per device)")
 
 
 def _engine(args: argparse.Namespace, avatar_name: str | None) -> tuple[Any, Any, dict[str, Any]]:
@@ -150,7 +151,7 @@ def add_commands(commands: Any) -> None:
     which = bench.add_subparsers(dest="bench", required=True)
     model = which.add_parser("model", help="Wav2Lip per batch size: fp32 eager vs the engine configuration")
     model.add_argument("--device", default="auto")
-    model.add_argument("--batch-sizes", type=_sizes)
+    model.add_argument("--batch-sizes", type=batch_sizes_arg)
     model.add_argument("--iters", type=int, default=20)
     model.add_argument("--json", type=Path)
     model.add_argument(
@@ -159,7 +160,7 @@ def add_commands(commands: Any) -> None:
     model.add_argument(
         "--compile-mode",
         default="default",
-        choices=("default", "max-autotune-no-cudagraphs"),
+        choices=COMPILE_MODES,
     )
     model.add_argument("--compile-cache-dir", type=Path, help="default ~/.cache/lipcast/compile")
     model.set_defaults(handler=bench_model)

@@ -41,11 +41,11 @@ import torch.nn.functional as F
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.defaults import WAV2LIP, default_batch_sizes
+from pipeline.defaults import COMPILE_MODE, WAV2LIP, default_batch_sizes
 from pipeline.timing import FPS
 from pipeline.warmup import time_batch_sizes
 from pipeline.wav2lip.checkpoint import load_wav2lip
-from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache, environment_key
+from pipeline.wav2lip.compile_cache import CompileCache, environment_key
 from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer

@@ -17,9 +17,10 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderItem
+from pipeline.defaults import COMPILE_MODE
 from pipeline.timing import FPS
 from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.compile_cache import COMPILE_MODE, CompileCache
+from pipeline.wav2lip.compile_cache import CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
 
@@ -115,14 +116,7 @@ def benchmark_model(
     backend.add_avatar(avatar)
     rng = np.random.default_rng(0)
     for batch in batch_sizes:
-        items = [
-            RenderItem(
-                avatar.name,
-                i % avatar.frame_count,
-                rng.uniform(-4, 4, CONDITIONING_SHAPE).astype(np.float32),
-            )
-            for i in range(batch)
-        ]
+        items = _random_items(avatar, batch, rng)
         ms = _time_ms(partial(backend.render, items), device, iters)
         rows.append(_row("engine_render", device, backend.dtype, batch, ms))
     if compile_cache is not None:
@@ -135,14 +129,7 @@ def benchmark_model(
         )
         compiled.add_avatar(avatar)
         for batch in batch_sizes:
-            items = [
-                RenderItem(
-                    avatar.name,
-                    i % avatar.frame_count,
-                    rng.uniform(-4, 4, CONDITIONING_SHAPE).astype(np.float32),
-                )
-                for i in range(batch)
-            ]
+            items = _random_items(avatar, batch, rng)
             compiled.render(items)  # builds (or loads) the kernels and captures the graph
             ms = _time_ms(partial(compiled.render, items), device, iters)
             config = (
@@ -150,3 +137,9 @@ def benchmark_model(
             )
             rows.append(_row(config, device, compiled.dtype, batch, ms))
     return rows
+
+
+def _random_items(avatar: Avatar, batch: int, rng: np.random.Generator) -> list[RenderItem]:
+    """``batch`` render requests over the avatar's frames, with random mel windows."""
+    windows = rng.uniform(-4, 4, (batch, *CONDITIONING_SHAPE)).astype(np.float32)
+    return [RenderItem(avatar.name, i % avatar.frame_count, windows[i]) for i in range(batch)]

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from pipeline.defaults import COMPILE_MODE
+
 logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when what lipcast compiles (the graph's boundaries, options) changes
@@ -36,8 +38,6 @@ MANIFEST_NAME = "manifest.json"
 # "default": Inductor's fusion without autotuning: 45 s for 4 batch sizes on the H200. max-autotune (without
 # its CUDA graphs: lipcast captures its own around the kernels) autotunes every convolution: over a minute for
 # one batch-128 graph there, unfinished when the run ended; opt-in.
-COMPILE_MODE = "default"
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 def default_cache_root() -> Path:

@@ -5,8 +5,8 @@ What is compiled is the per-frame network work on cached face features,
     face = model.decode(model.encode_audio(mel), feats)    # (N,1,80,16), 7 feats -> (N,3,96,96)
 
 with ``dynamic=False`` (one specialised graph per batch size, the engine's fixed buckets) in mode
-:data:`~.compile_cache.COMPILE_MODE` (``default``: Inductor fuses the bias, residual adds, ReLUs and the skip
-concatenations around the cuDNN convolutions) or ``max-autotune-no-cudagraphs`` (also autotunes every
+:data:`~pipeline.defaults.COMPILE_MODE` (``default``: Inductor fuses the bias, residual adds, ReLUs and
+the skip concatenations around the cuDNN convolutions) or ``max-autotune-no-cudagraphs`` (also autotunes every
 convolution, cuDNN against its Triton templates; builds far longer). Inductor's own CUDA graphs are never
 used: the backend captures the compiled kernels inside its own graph per bucket (together with the gather
 of the cached features and the paste). The gather and the paste stay eager code inside that graph: their

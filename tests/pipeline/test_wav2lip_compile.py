@@ -18,10 +18,10 @@ import torch
 
 from pipeline.avatar import Avatar
 from pipeline.backend import RenderedPatch, RenderItem
+from pipeline.defaults import COMPILE_MODE
 from pipeline.runtime import resolve_compile
 from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.compile_cache import (
-    COMPILE_MODE,
     MANIFEST_NAME,
     CompileCache,
     CompileKey,
