@@ -48,7 +48,8 @@ POLL_JS = """
   const v = document.querySelector('video');
   const out = {t: performance.now(), state: (document.body && document.body.dataset.state) || null,
                stats: window.lipcast ? window.lipcast.stats() : null, mouth: null};
-  if (v && v.videoWidth > 0) {
+  // readyState >= 2 (HAVE_CURRENT_DATA): a frame is there to draw (before it, drawImage gives black).
+  if (v && v.videoWidth > 0 && v.readyState >= 2) {
     const [x1, y1, x2, y2] = %s;
     const c = window.__probeCanvas || (window.__probeCanvas = document.createElement('canvas'));
     c.width = 16; c.height = 16;

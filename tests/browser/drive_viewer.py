@@ -37,7 +37,7 @@ POLL_JS = """
                width: v.videoWidth, height: v.videoHeight, time: v.currentTime,
                background: getComputedStyle(document.body).backgroundColor,
                fit: getComputedStyle(v).objectFit, controls: v.controls, mouth: null};
-  if (v.videoWidth > 0) {
+  if (v.videoWidth > 0 && v.readyState >= 2) {  // a frame is there to draw
     const [x1, y1, x2, y2] = %s;
     const c = window.__probeCanvas || (window.__probeCanvas = document.createElement('canvas'));
     c.width = 16; c.height = 16;

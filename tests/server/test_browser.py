@@ -74,6 +74,10 @@ def test_browser_call_decodes_frames_and_the_mouth_follows_speech(netns: str, tm
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     polls = [p for p in result["polls"] if p and p.get("mouth")]
+    # From the first frame painted on: a busy machine may report the video's size a poll before the page
+    # has a frame to draw (all black).
+    painted = next((i for i, p in enumerate(polls) if max(p["mouth"]) > 0), len(polls))
+    polls = polls[painted:]
     assert result["final_state"] == "connected"
     assert len(polls) > 50, "the video never played"
 
