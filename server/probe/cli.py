@@ -142,6 +142,7 @@ def _client_process(
     ramp_s: float,
     avatar: str | None,
     ice_addresses: list[str] | None,
+    video_release: str,
 ) -> tuple[list[CallReport | str], dict[str, Any]]:
     """One client process of a spread-out load: its share of the calls (picklable results back)."""
     if ice_addresses:
@@ -149,7 +150,9 @@ def _client_process(
 
     async def run() -> tuple[list[CallReport | BaseException], dict[str, Any]]:
         async with aiohttp.ClientSession() as http:
-            return await _record_and_analyse(url, audio, indices, sessions, ramp_s, avatar, http)
+            return await _record_and_analyse(
+                url, audio, indices, sessions, ramp_s, avatar, http, video_release
+            )
 
     results, cpu = asyncio.run(run())
     return [r if isinstance(r, CallReport) else f"{type(r).__name__}: {r}" for r in results], cpu
@@ -163,6 +166,7 @@ async def run_spread(
     avatar: str | None,
     processes: int,
     ice_addresses: list[str] | None,
+    video_release: str = "aiortc",
 ) -> tuple[list[CallReport | BaseException], dict[str, Any], list[dict[str, Any]]]:
     """``run_sessions`` with the clients spread round-robin over ``processes`` processes."""
     import concurrent.futures
@@ -179,7 +183,16 @@ async def run_spread(
                 parts = await asyncio.gather(
                     *(
                         loop.run_in_executor(
-                            pool, _client_process, url, audio, share, sessions, ramp_s, avatar, ice_addresses
+                            pool,
+                            _client_process,
+                            url,
+                            audio,
+                            share,
+                            sessions,
+                            ramp_s,
+                            avatar,
+                            ice_addresses,
+                            video_release,
                         )
                         for share in shares
                         if share
@@ -219,6 +232,7 @@ def main(args: argparse.Namespace) -> int:
                 args.avatar,
                 args.client_processes,
                 args.ice_addresses,
+                args.video_release,
             )
         )
     else:
