@@ -60,9 +60,8 @@ class Settings:
     wav2lip_compile: str = "auto"
     compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
     wav2lip_compile_mode: str = COMPILE_MODE  # one of COMPILE_MODES
-    # None ("adaptive"): from one frame up, following the observed jitter. Fixed by default: under CPU load
-    # the adaptive buffer, starting small, ran dry inside speech far more often (see README).
-    jitter_buffer_ms: float | None = 60.0
+    # None ("adaptive", the default): from one frame up, following the observed jitter; a number: fixed ms
+    jitter_buffer_ms: float | None = None
     render_budget_ms: float | None = None  # None: from the warm-up timings on CUDA; 40 ms (400 ms for
     # wav2lip) on a CPU
     vad_aggressiveness: int = 2

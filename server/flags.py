@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(
         p,
         "--jitter-buffer-ms",
-        "inbound audio buffered before playout: a fixed depth in ms (default 60), or 'adaptive' to follow"
-        " the observed network jitter from one frame (40 ms) up",
+        "inbound audio buffered before playout: 'adaptive' (default) follows the observed network jitter"
+        " from one frame (40 ms) up; a number is a fixed depth in ms",
     )
     _option(
         p,

@@ -12,6 +12,14 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
 * Network bursts or a client clock running fast leave the buffer deeper than its target. The excess is
   removed only where the voice-activity detector marked *silence*, whole 20 ms blocks at a time, so latency
   returns to the target at the next pause without cutting speech (*trimmed* audio).
+* Adaptive only: depth counts whole blocks, but whether a tick finds its audio is a matter of time. Each
+  pull records its *margin*: how long ago the block that completes the tick's audio arrived. When every pull
+  of the last :data:`TRIM_WINDOW_PULLS` (5 s) had a margin of a block more than a guard
+  (:data:`TRIM_GUARD_MS`, plus what the jitter estimate still holds from an underrun or an older spike), one
+  silent block at the head is dropped. The window's minimum margin is its worst arrival, so a trim never
+  leaves less time to spare than the last 5 s needed; with steady 20 ms packets and 40 ms ticks it takes the
+  wait from 40-60 ms to 20-40 ms. The first trim of a call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (its
+  first audio often arrives bunched, deeper than the target).
 * Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
   holds (*overflow*), so latency can never grow without bound. Each case is counted.
 """
@@ -31,6 +39,10 @@ from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.jitter import JitterEstimator
 
 logger = logging.getLogger(__name__)
+
+TRIM_WINDOW_PULLS = 125  # ticks (5 s at 25 fps) of margins that must all allow a trim
+FIRST_TRIM_WINDOW_PULLS = 25  # the first after playout began (1 s): a call's start often arrives bunched
+TRIM_GUARD_MS = 5.0  # the least time to spare that a trim may leave
 
 Int16Array = npt.NDArray[np.int16]
 
@@ -98,6 +110,9 @@ class InputAudioBuffer:
         self._primed = False
         self._ever_primed = False
         self._next_input_pos = 0
+        # Adaptive: how long ago, at each recent pull, the block completing the tick's audio arrived (s).
+        self._margins_s: deque[float] = deque(maxlen=TRIM_WINDOW_PULLS)
+        self._trim_window = FIRST_TRIM_WINDOW_PULLS  # pulls of margins the next trim needs
 
     @property
     def target_samples(self) -> int:
@@ -163,6 +178,7 @@ class InputAudioBuffer:
         self._blocks.clear()
         self._depth = 0
         self._primed = False
+        self._margins_s.clear()
         self.stats.interrupted_samples += dropped
         return dropped
 
@@ -176,15 +192,46 @@ class InputAudioBuffer:
         if self._depth < count:
             self._primed = False
             self.stats.underruns += 1
+            self._margins_s.clear()
+            self._trim_window = TRIM_WINDOW_PULLS
             if self.jitter is not None:
                 self.jitter.underrun()
             return Pulled(np.zeros(count, np.int16), False, None, underrun=True)
+        if self.jitter is not None:
+            self._margins_s.append(self._margin_s(count))
         pulled = self._take(count)
         target = self.target_samples
         excess = self._depth - target
         if self._hysteresis_samples is not None and excess > self._hysteresis_samples:
             self.stats.trimmed_samples += self._discard_oldest(excess, silence_only=True)
+        if self.jitter is not None and self._hysteresis_samples is not None:
+            # The window's minimum already holds its worst arrival; what the estimator still holds above
+            # its percentile (an underrun's allowance, a spike not yet forgotten) is kept as well.
+            self._trim_by_margin(max(0.0, self.jitter.jitter_ms - self.jitter.percentile_ms))
         return pulled
+
+    def _margin_s(self, count: int) -> float:
+        """How long ago the block holding the ``count``-th queued sample arrived (depth >= count)."""
+        queued = 0
+        for block in self._blocks:
+            queued += len(block.samples)
+            if queued >= count:
+                return self._clock() - block.arrived_s
+        raise AssertionError("margin asked with less than count queued")
+
+    def _trim_by_margin(self, held_ms: float) -> None:
+        """Drop one silent head block if every pull of the window could have spared it."""
+        if len(self._margins_s) < self._trim_window or not self._blocks or self._blocks[0].speech:
+            return
+        head = self._blocks[0]
+        head_s = len(head.samples) / self.sample_rate_hz
+        guard_s = (TRIM_GUARD_MS + held_ms) / 1000.0
+        if min(self._margins_s) - head_s >= guard_s:
+            self._blocks.popleft()
+            self._depth -= len(head.samples)
+            self.stats.trimmed_samples += len(head.samples)
+            self._margins_s.clear()  # the next trim needs a whole window at the new depth
+            self._trim_window = TRIM_WINDOW_PULLS
 
     def _take(self, count: int) -> Pulled:
         out = np.empty(count, np.int16)

@@ -116,7 +116,7 @@ def benchmark_model(
     backend.add_avatar(avatar)
     rng = np.random.default_rng(0)
     for batch in batch_sizes:
-        items = _random_items(avatar, batch, rng)
+        items = random_items(avatar, batch, rng)
         ms = _time_ms(partial(backend.render, items), device, iters)
         rows.append(_row("engine_render", device, backend.dtype, batch, ms))
     if compile_cache is not None:
@@ -129,7 +129,7 @@ def benchmark_model(
         )
         compiled.add_avatar(avatar)
         for batch in batch_sizes:
-            items = _random_items(avatar, batch, rng)
+            items = random_items(avatar, batch, rng)
             compiled.render(items)  # builds (or loads) the kernels and captures the graph
             ms = _time_ms(partial(compiled.render, items), device, iters)
             config = (
@@ -139,7 +139,7 @@ def benchmark_model(
     return rows
 
 
-def _random_items(avatar: Avatar, batch: int, rng: np.random.Generator) -> list[RenderItem]:
+def random_items(avatar: Avatar, batch: int, rng: np.random.Generator) -> list[RenderItem]:
     """``batch`` render requests over the avatar's frames, with random mel windows."""
     windows = rng.uniform(-4, 4, (batch, *CONDITIONING_SHAPE)).astype(np.float32)
     return [RenderItem(avatar.name, i % avatar.frame_count, windows[i]) for i in range(batch)]

@@ -76,6 +76,7 @@ def test_settings_are_frozen() -> None:
 
 
 def test_jitter_buffer_is_fixed_by_default_and_adaptive_on_request() -> None:
-    assert parse_settings([], env={}).jitter_buffer_ms == 60.0
+    assert parse_settings([], env={}).jitter_buffer_ms is None  # adaptive
+    assert parse_settings(["--jitter-buffer-ms", "60"], env={}).jitter_buffer_ms == 60.0
     assert parse_settings(["--jitter-buffer-ms", "adaptive"], env={}).jitter_buffer_ms is None
     assert parse_settings([], env={"LIPCAST_JITTER_BUFFER_MS": "adaptive"}).jitter_buffer_ms is None

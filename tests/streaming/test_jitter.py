@@ -147,3 +147,63 @@ def test_shrunk_target_is_reached_by_trimming_silence_only() -> None:
     assert buf.target_ms == pytest.approx(40.0)  # the spike left the window; silence let it shrink
     assert buf.stats.trimmed_samples > 0  # the excess went, from the silence
     assert buf.depth_samples <= buf.trim_above_samples
+
+
+def run_steady_call(
+    buf: InputAudioBuffer, clock: Clock, *, seconds: float, late_every: int = 0, late_s: float = 0.0
+) -> tuple[list[float], np.ndarray]:
+    """20 ms blocks arriving 5 ms into their period (silent), a pull every 40 ms at 13 ms into it.
+
+    Every ``late_every``-th block (0: none) comes ``late_s`` late. Returns the waits of the pulled audio and
+    everything played, in order.
+    """
+    blocks = round(seconds / 0.02)
+    arrivals = [
+        (i * 0.02 + 0.005 + (late_s if late_every and i % late_every == late_every - 1 else 0.0), 1, i)
+        for i in range(blocks)
+    ]
+    ticks = [(k * 0.04 + 0.013, 0, k) for k in range(blocks // 2)]
+    waits: list[float] = []
+    played: list[np.ndarray] = []
+    for t, kind, i in sorted(arrivals + ticks):
+        clock.now_s = 100.0 + t
+        if kind == 1:
+            buf.push(ramp(i * BLOCK), speech=False)
+            continue
+        pulled = buf.pull(TICK)
+        if pulled.input_pos is not None:
+            played.append(pulled.samples)
+            if pulled.waited_ms is not None:
+                waits.append(pulled.waited_ms)
+    return waits, np.concatenate(played)
+
+
+def test_steady_arrivals_are_trimmed_to_the_least_wait() -> None:
+    # Ticks fall 8 ms after every second block: playout primes with a block to spare (waits 48 ms), and
+    # the margins show that block was never needed, so one silent block goes and the wait is 28 ms.
+    clock = Clock()
+    buf = make_input_buffer(RATE, None, frame_ms=40.0, clock=clock)
+    waits, played = run_steady_call(buf, clock, seconds=12.0)
+    assert waits[0] == pytest.approx(48.0)
+    assert waits[-1] == pytest.approx(28.0)
+    assert buf.stats.trimmed_samples == BLOCK and buf.stats.underruns == 0
+    steps = np.diff(played.astype(np.int32)) % 30000
+    assert np.count_nonzero(steps != 1) == 1 and steps[steps != 1][0] == BLOCK + 1  # one block gone, in order
+
+
+def test_a_late_block_in_the_window_keeps_the_spare_block() -> None:
+    # One block in 50 comes 15 ms late: without the spare block that tick would find the buffer dry
+    # (8 ms to spare), so the margins forbid the trim and nothing underruns.
+    clock = Clock()
+    buf = make_input_buffer(RATE, None, frame_ms=40.0, clock=clock)
+    waits, _ = run_steady_call(buf, clock, seconds=12.0, late_every=50, late_s=0.015)
+    assert buf.stats.trimmed_samples == 0 and buf.stats.underruns == 0
+    assert min(waits) >= 40.0
+
+
+def test_a_fixed_buffer_is_not_trimmed_by_margin() -> None:
+    clock = Clock()
+    buf = make_input_buffer(RATE, 40.0, frame_ms=40.0, clock=clock)
+    waits, _ = run_steady_call(buf, clock, seconds=12.0)
+    assert buf.stats.trimmed_samples == 0
+    assert waits[-1] == pytest.approx(48.0)
