@@ -50,6 +50,7 @@ from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
 from pipeline.wav2lip.fold import fold_batchnorm
+from pipeline.wav2lip.gather import gather_rows
 from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
 from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
@@ -254,7 +255,7 @@ class Wav2LipBackend:
             self.device
         )
         with self._on_stream():
-            self._feats = [t.index_select(0, keep) for t in self._feats]
+            self._feats = [gather_rows(t, keep) for t in self._feats]
             self._base = self._base.index_select(0, keep)
             self._geometry = self._geometry.index_select(0, keep)
         self._sync()
@@ -304,7 +305,7 @@ class Wav2LipBackend:
         with self._on_stream():
             index = torch.from_numpy(rows).to(self.device)
             mel = torch.from_numpy(mels).to(self.device)[:, None]
-            feats = [t.index_select(0, index) for t in self._feats]
+            feats = [gather_rows(t, index) for t in self._feats]
             out = self._compute(
                 mel, feats, self._base.index_select(0, index), self._geometry.index_select(0, index)
             )
@@ -333,7 +334,7 @@ class Wav2LipBackend:
 
     def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""
-        feats = [t.index_select(0, rows).contiguous(memory_format=self.memory_format) for t in self._feats]
+        feats = [gather_rows(t, rows) for t in self._feats]  # channels_last on CUDA, no extra copy
         return self._compute(
             mel, feats, self._base.index_select(0, rows), self._geometry.index_select(0, rows)
         )

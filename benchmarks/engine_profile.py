@@ -1,0 +1,209 @@
+"""Where a Wav2Lip engine render's time goes on CUDA, and what compiled kernels change (issue 12).
+
+    python benchmarks/engine_profile.py --sizes 1,128 [--modes default,max-autotune-no-cudagraphs] --out DIR
+
+Per batch size, with random weights and the model bench's synthetic avatar (256x256 face box):
+
+* ``render``: :meth:`Wav2LipBackend.render` as the engine calls it (host prep, upload, graph, download,
+  patch views), mean ms over ``--iters``; and its pieces timed with CUDA events on the backend's stream:
+  upload (two pinned copies), replay (gather + network + paste), download;
+* the network alone (``decode(encode_audio(mel), feats)``, fp16 channels_last) captured in a CUDA graph;
+* all of it again with the conv units fused into single cuDNN calls (:mod:`pipeline.wav2lip.fused`), and
+  how far its patches are from the unfused ones (uint8);
+* the top CUDA kernels of the largest size's render (torch.profiler), to ``DIR/kernels.txt``;
+* per ``--modes`` (torch.compile modes, none by default), the first build from an empty cache and the
+  whole render with that mode's kernels inside the backend's graphs.
+
+Everything goes to stdout and ``DIR/engine_profile.json``. Stops starting new work after ``--deadline-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.wav2lip.backend import Wav2LipBackend
+from pipeline.wav2lip.bench import random_items, synthetic_avatar
+from pipeline.wav2lip.compile_cache import CompileCache
+from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+from pipeline.wav2lip.fused import fuse_conv_units
+
+START_S = time.perf_counter()
+
+
+def elapsed_s() -> float:
+    return time.perf_counter() - START_S
+
+
+def mean_ms(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000.0 / iters
+
+
+def render_pieces(backend: Wav2LipBackend, size: int, iters: int) -> dict[str, float]:
+    """CUDA-event times of one bucket's upload, replay and download (the steps of ``_render_graph``)."""
+    bucket = backend._buckets[size]
+    stream = backend._stream
+    assert stream is not None
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    totals = np.zeros(3)
+    out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
+    for _ in range(iters):
+        with torch.cuda.stream(stream):
+            marks[0].record(stream)
+            bucket.mel.copy_(bucket.mel_host, non_blocking=True)
+            bucket.rows.copy_(bucket.rows_host, non_blocking=True)
+            marks[1].record(stream)
+            bucket.graph.replay()
+            marks[2].record(stream)
+            out_host.copy_(bucket.out, non_blocking=True)
+            marks[3].record(stream)
+        stream.synchronize()
+        totals += [marks[i].elapsed_time(marks[i + 1]) for i in range(3)]
+    upload, replay, download = totals / iters
+    return {"upload_ms": upload, "replay_ms": replay, "download_ms": download}
+
+
+def network_graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float:
+    """Mean ms of ``fn`` captured in a CUDA graph (launch overhead out, as in the engine)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    return mean_ms(graph.replay, iters)
+
+
+def decode(model: Any, mel: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+    return model.decode(model.encode_audio(mel), feats)
+
+
+def network_inputs(backend: Wav2LipBackend, size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    fmt, dtype = backend.memory_format, backend.dtype
+    mel = torch.randn(size, 1, *CONDITIONING_SHAPE, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    rows = torch.arange(size, device="cuda") % backend._feats[0].shape[0]
+    feats = [t.index_select(0, rows).contiguous(memory_format=fmt) for t in backend._feats]
+    return mel, feats
+
+
+def profile_kernels(backend: Wav2LipBackend, items: list[Any], path: Path) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        backend.render(items)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            backend.render(items)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    path.write_text(table)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1,128")
+    parser.add_argument("--modes", default="")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--deadline-s", type=float, default=480.0)
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "engine_profile")
+    args = parser.parse_args()
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    modes = [m for m in args.modes.split(",") if m]
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sizes": {}}
+    rng = np.random.default_rng(0)
+    avatar = synthetic_avatar()
+
+    backend = Wav2LipBackend(None, device="cuda", batch_sizes=sizes)
+    backend.add_avatar(avatar)
+    fused = Wav2LipBackend(None, device="cuda", batch_sizes=sizes, check_fp16_range=False)
+    fused.model = fuse_conv_units(fused.model)  # before the avatar: its graphs capture the fused units
+    fused.add_avatar(avatar)
+    for size in sizes:
+        items = random_items(avatar, size, rng)
+        for label, engine in (("eager", backend), ("eager_fused", fused)):
+            row: dict[str, Any] = {"render_ms": mean_ms(partial(engine.render, items), args.iters)}
+            row.update(render_pieces(engine, size, args.iters))
+            mel, feats = network_inputs(engine, size)
+            row["network_graph_ms"] = network_graph_ms(partial(decode, engine.model, mel, feats), args.iters)
+            row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
+            doc["sizes"].setdefault(size, {})[label] = row
+            print(
+                f"[{elapsed_s():5.0f} s] {label} batch {size}: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
+                flush=True,
+            )
+        plain = np.stack([p.pixels for p in backend.render(items)]).astype(np.int16)
+        other = np.stack([p.pixels for p in fused.render(items)]).astype(np.int16)
+        diff = np.abs(plain - other)
+        doc["sizes"][size]["fused_vs_eager_uint8"] = {"max": int(diff.max()), "mean": float(diff.mean())}
+        print(
+            f"batch {size}: fused vs eager patches, uint8 |diff| max {diff.max()} mean {diff.mean():.4f}",
+            flush=True,
+        )
+    (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))
+    top = max(sizes)
+    for label, engine in (("eager", backend), ("eager_fused", fused)):
+        table = profile_kernels(engine, random_items(avatar, top, rng), args.out / f"kernels_{label}.txt")
+        print(f"{label}, batch {top}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
+
+    for mode in modes:
+        if elapsed_s() > args.deadline_s:
+            print(f"mode {mode}: skipped (deadline)", flush=True)
+            continue
+        cache_dir = Path(tempfile.mkdtemp(prefix=f"w2l-compile-{mode}-"))
+        compiled = Wav2LipBackend(
+            None, device="cuda", batch_sizes=sizes, compile_cache=CompileCache(cache_dir), compile_mode=mode
+        )
+        compiled.add_avatar(avatar)
+        for size in sizes:
+            if elapsed_s() > args.deadline_s:
+                print(f"mode {mode} batch {size}: skipped (deadline)", flush=True)
+                continue
+            items = random_items(avatar, size, rng)
+            t0 = time.perf_counter()
+            compiled.render(items)  # builds the kernels, captures the graph
+            build_s = time.perf_counter() - t0
+            ok = compiled.compiled is not None
+            row = {
+                "build_s": build_s,
+                "compiled": ok,
+                "render_ms": mean_ms(partial(compiled.render, items), args.iters),
+            }
+            row.update(render_pieces(compiled, size, args.iters))
+            row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
+            doc["sizes"][size][mode] = row
+            print(
+                f"[{elapsed_s():5.0f} s] {mode} batch {size}: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
+                flush=True,
+            )
+        del compiled
+        torch.cuda.empty_cache()
+    (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,56 @@
+"""Folded conv units as single cuDNN calls on CUDA: convolution + bias (+ residual add) + ReLU.
+
+After :func:`~pipeline.wav2lip.fold.fold_batchnorm` a :class:`~pipeline.wav2lip.model.ConvUnit` is a
+convolution with bias, an optional residual add of its input and a ReLU: three kernels in eager mode, two of
+them full passes over the activation. ``torch.cudnn_convolution_relu`` and
+``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a CPU the unit runs as before.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.wav2lip.model import ConvUnit
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+class FusedConvUnit(nn.Module):
+    """A folded :class:`ConvUnit` (its BatchNorm already an ``nn.Identity``)."""
+
+    def __init__(self, unit: ConvUnit) -> None:
+        super().__init__()
+        conv = unit.conv_block[0]
+        if not isinstance(conv, nn.Conv2d) or not isinstance(unit.conv_block[1], nn.Identity):
+            raise ValueError("fuse a BN-folded ConvUnit")
+        if conv.bias is None or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ValueError("the fused call needs a biased, zero-padded convolution")
+        self.conv = conv
+        self.residual = unit.residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv = self.conv
+        if x.is_cuda:
+            args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+            if self.residual:
+                return torch.cudnn_convolution_add_relu(x, conv.weight, x, 1.0, conv.bias, *args)
+            return torch.cudnn_convolution_relu(x, conv.weight, conv.bias, *args)
+        out = conv(x)
+        if self.residual:
+            out = out + x
+        return F.relu(out)
+
+
+def fuse_conv_units(model: ModuleT) -> ModuleT:
+    """A copy of a BN-folded model with every :class:`ConvUnit` replaced by a :class:`FusedConvUnit`."""
+    fused = copy.deepcopy(model)
+    for parent in list(fused.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, ConvUnit):
+                setattr(parent, name, FusedConvUnit(child))
+    return fused
