@@ -114,7 +114,7 @@ def profile_kernels(backend: Wav2LipBackend, items: list[Any], path: Path) -> st
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             backend.render(items)
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=170)
     path.write_text(table)
     return table
 
@@ -198,6 +198,10 @@ def main() -> None:
                 + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
                 flush=True,
             )
+        if compiled.compiled is not None and elapsed_s() < args.deadline_s:
+            top_items = random_items(avatar, max(sizes), rng)
+            table = profile_kernels(compiled, top_items, args.out / f"kernels_{mode}.txt")
+            print(f"{mode}, batch {max(sizes)}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
         del compiled
         torch.cuda.empty_cache()
     (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))
