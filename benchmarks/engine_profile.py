@@ -8,8 +8,9 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
   patch views), mean ms over ``--iters``; and its pieces timed with CUDA events on the backend's stream:
   upload (two pinned copies), replay (gather + network + paste), download;
 * the network alone (``decode(encode_audio(mel), feats)``, fp16 channels_last) captured in a CUDA graph;
-* all of it again with the conv units fused into single cuDNN calls (:mod:`pipeline.wav2lip.fused`), and
-  how far its patches are from the unfused ones (uint8);
+* each of: eager fp32 (the reference), eager fp16, fp16 with the conv units fused into single cuDNN calls
+  (:mod:`pipeline.wav2lip.fused`), all with the same random weights; every variant's patches against the
+  fp32 reference's (uint8 |difference|, max and mean);
 * the top CUDA kernels of the largest size's render (torch.profiler), to ``DIR/kernels.txt``;
 * per ``--modes`` (torch.compile modes, none by default), the first build from an empty cache and the
   whole render with that mode's kernels inside the backend's graphs.
@@ -37,6 +38,7 @@ from pipeline.wav2lip.bench import random_items, synthetic_avatar
 from pipeline.wav2lip.compile_cache import CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.fused import fuse_conv_units
+from pipeline.wav2lip.model import Wav2Lip
 
 START_S = time.perf_counter()
 
@@ -94,6 +96,14 @@ def network_graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float:
     return mean_ms(graph.replay, iters)
 
 
+def patch_error(reference: Wav2LipBackend, engine: Wav2LipBackend, items: list[Any]) -> dict[str, float]:
+    """uint8 |difference| of ``engine``'s patches from the fp32 reference's, max and mean."""
+    ref = np.stack([p.pixels for p in reference.render(items)]).astype(np.int16)
+    out = np.stack([p.pixels for p in engine.render(items)]).astype(np.int16)
+    diff = np.abs(ref - out)
+    return {"vs_fp32_max": float(diff.max()), "vs_fp32_mean": float(diff.mean())}
+
+
 def decode(model: Any, mel: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
     return model.decode(model.encode_audio(mel), feats)
 
@@ -134,36 +144,34 @@ def main() -> None:
     rng = np.random.default_rng(0)
     avatar = synthetic_avatar()
 
-    backend = Wav2LipBackend(None, device="cuda", batch_sizes=sizes)
+    torch.manual_seed(0)
+    weights = {"state_dict": Wav2Lip().state_dict()}  # one set of random weights for every variant
+    reference = Wav2LipBackend(weights, device="cuda", dtype=torch.float32, batch_sizes=sizes)
+    reference.add_avatar(avatar)
+    backend = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)
     backend.add_avatar(avatar)
-    fused = Wav2LipBackend(None, device="cuda", batch_sizes=sizes, check_fp16_range=False)
+    fused = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, check_fp16_range=False)
     fused.model = fuse_conv_units(fused.model)  # before the avatar: its graphs capture the fused units
     fused.add_avatar(avatar)
+    variants = (("eager_fp32", reference), ("eager", backend), ("eager_fused", fused))
     for size in sizes:
         items = random_items(avatar, size, rng)
-        for label, engine in (("eager", backend), ("eager_fused", fused)):
+        for label, engine in variants:
             row: dict[str, Any] = {"render_ms": mean_ms(partial(engine.render, items), args.iters)}
             row.update(render_pieces(engine, size, args.iters))
             mel, feats = network_inputs(engine, size)
             row["network_graph_ms"] = network_graph_ms(partial(decode, engine.model, mel, feats), args.iters)
             row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
+            row.update(patch_error(reference, engine, items))
             doc["sizes"].setdefault(size, {})[label] = row
             print(
                 f"[{elapsed_s():5.0f} s] {label} batch {size}: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
                 flush=True,
             )
-        plain = np.stack([p.pixels for p in backend.render(items)]).astype(np.int16)
-        other = np.stack([p.pixels for p in fused.render(items)]).astype(np.int16)
-        diff = np.abs(plain - other)
-        doc["sizes"][size]["fused_vs_eager_uint8"] = {"max": int(diff.max()), "mean": float(diff.mean())}
-        print(
-            f"batch {size}: fused vs eager patches, uint8 |diff| max {diff.max()} mean {diff.mean():.4f}",
-            flush=True,
-        )
     (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))
     top = max(sizes)
-    for label, engine in (("eager", backend), ("eager_fused", fused)):
+    for label, engine in variants[1:]:
         table = profile_kernels(engine, random_items(avatar, top, rng), args.out / f"kernels_{label}.txt")
         print(f"{label}, batch {top}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
 
@@ -173,7 +181,11 @@ def main() -> None:
             continue
         cache_dir = Path(tempfile.mkdtemp(prefix=f"w2l-compile-{mode}-"))
         compiled = Wav2LipBackend(
-            None, device="cuda", batch_sizes=sizes, compile_cache=CompileCache(cache_dir), compile_mode=mode
+            weights,
+            device="cuda",
+            batch_sizes=sizes,
+            compile_cache=CompileCache(cache_dir),
+            compile_mode=mode,
         )
         compiled.add_avatar(avatar)
         for size in sizes:
@@ -191,6 +203,7 @@ def main() -> None:
                 "render_ms": mean_ms(partial(compiled.render, items), args.iters),
             }
             row.update(render_pieces(compiled, size, args.iters))
+            row.update(patch_error(reference, compiled, items))
             row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
             doc["sizes"][size][mode] = row
             print(
