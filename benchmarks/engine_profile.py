@@ -59,7 +59,7 @@ def mean_ms(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
 
 
 def render_pieces(backend: Wav2LipBackend, size: int, iters: int) -> dict[str, float]:
-    """CUDA-event times of one bucket's upload, replay and download (the steps of ``_render_graph``)."""
+    """CUDA-event times of one bucket's upload, replay and download (the steps of ``_launch_graph``)."""
     bucket = backend._buckets[size]
     stream = backend._stream
     assert stream is not None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 
@@ -286,17 +286,21 @@ class Wav2LipBackend:
 
     def _render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
         rows, entries = batch_rows(self._avatars, items)
-        mels = np.stack([item.conditioning for item in items]).astype(np.float32, copy=False)
+        finish = None
         if self._use_graphs and len(items) in self.batch_sizes:
-            canvases = self._render_graph(rows, mels)
+            canvases, finish = self._launch_graph(rows, items)
         else:
+            mels = np.stack([item.conditioning for item in items]).astype(np.float32, copy=False)
             canvases = self._render_eager(rows, mels)
-        patches = []
-        for canvas, item, entry in zip(canvases, items, entries, strict=True):
-            x1, y1, x2, y2 = (int(v) for v in entry.boxes[item.frame_index])
-            row0 = int(entry.first_rows[item.frame_index])
-            pixels = canvas[: y2 - y1 - row0, : x2 - x1]  # a view: the batch array is fresh per render
-            patches.append(RenderedPatch(pixels, top=y1 + row0, left=x1))
+        patches = []  # views of the download (fresh per render), built while the device works on it
+        try:
+            for canvas, item, entry in zip(canvases, items, entries, strict=True):
+                x1, y1, x2, y2 = (int(v) for v in entry.boxes[item.frame_index])
+                row0 = int(entry.first_rows[item.frame_index])
+                patches.append(RenderedPatch(canvas[: y2 - y1 - row0, : x2 - x1], top=y1 + row0, left=x1))
+        finally:
+            if finish is not None:
+                finish()  # the download has landed
         return patches
 
     def _render_eager(
@@ -312,14 +316,15 @@ class Wav2LipBackend:
             result = out.cpu().numpy()
         return result
 
-    def _render_graph(
-        self, rows: npt.NDArray[np.int64], mels: npt.NDArray[np.float32]
-    ) -> npt.NDArray[np.uint8]:
+    def _launch_graph(
+        self, rows: npt.NDArray[np.int64], items: Sequence[RenderItem]
+    ) -> tuple[npt.NDArray[np.uint8], Callable[[], None]]:
+        """Queue a bucket's upload, replay and download: the (not yet filled) host canvases, and the wait."""
         stream = self._stream
         if stream is None:
             raise RuntimeError("CUDA graphs need a CUDA device")
         bucket = self._buckets.get(len(rows)) or self._capture(len(rows))
-        bucket.mel_host.copy_(torch.from_numpy(mels)[:, None])
+        np.stack([item.conditioning for item in items], out=bucket.mel_host.numpy()[:, 0])
         bucket.rows_host.copy_(torch.from_numpy(rows))
         with torch.cuda.stream(stream):
             bucket.mel.copy_(bucket.mel_host, non_blocking=True)
@@ -329,8 +334,8 @@ class Wav2LipBackend:
             # back to the cache when the last of them is dropped (a host copy per patch cost ~2x at b128).
             out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
             out_host.copy_(bucket.out, non_blocking=True)
-        stream.synchronize()  # also guards the upload buffers against the next render's writes
-        return out_host.numpy()
+        # The wait also guards the upload buffers against the next render's writes.
+        return out_host.numpy(), stream.synchronize
 
     def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""

@@ -32,14 +32,24 @@ class FusedConvUnit(nn.Module):
             raise ValueError("the fused call needs a biased, zero-padded convolution")
         self.conv = conv
         self.residual = unit.residual
+        padding = conv.padding
+        assert not isinstance(padding, str)
+        self._geometry: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int] = (
+            tuple(conv.stride),
+            tuple(padding),
+            tuple(conv.dilation),
+            conv.groups,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.conv
         if x.is_cuda:
-            args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+            stride, padding, dilation, groups = self._geometry
             if self.residual:
-                return torch.cudnn_convolution_add_relu(x, conv.weight, x, 1.0, conv.bias, *args)
-            return torch.cudnn_convolution_relu(x, conv.weight, conv.bias, *args)
+                return torch.cudnn_convolution_add_relu(
+                    x, conv.weight, x, 1.0, conv.bias, stride, padding, dilation, groups
+                )
+            return torch.cudnn_convolution_relu(x, conv.weight, conv.bias, stride, padding, dilation, groups)
         out = conv(x)
         if self.residual:
             out = out + x
