@@ -12,8 +12,8 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
   (:mod:`pipeline.wav2lip.fused`), all with the same random weights; every variant's patches against the
   fp32 reference's (uint8 |difference|, max and mean);
 * the top CUDA kernels of the largest size's render (torch.profiler), to ``DIR/kernels.txt``;
-* per ``--modes`` (torch.compile modes, none by default), the first build from an empty cache and the
-  whole render with that mode's kernels inside the backend's graphs.
+* per ``--modes`` (torch.compile modes, none by default), with and without fused units, the first build
+  from an empty cache and the whole render with that mode's kernels inside the backend's graphs.
 
 Everything goes to stdout and ``DIR/engine_profile.json``. Stops starting new work after ``--deadline-s``.
 """
@@ -37,7 +37,6 @@ from pipeline.wav2lip.backend import Wav2LipBackend
 from pipeline.wav2lip.bench import random_items, synthetic_avatar
 from pipeline.wav2lip.compile_cache import CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
-from pipeline.wav2lip.fused import fuse_conv_units
 from pipeline.wav2lip.model import Wav2Lip
 
 START_S = time.perf_counter()
@@ -146,12 +145,13 @@ def main() -> None:
 
     torch.manual_seed(0)
     weights = {"state_dict": Wav2Lip().state_dict()}  # one set of random weights for every variant
-    reference = Wav2LipBackend(weights, device="cuda", dtype=torch.float32, batch_sizes=sizes)
+    reference = Wav2LipBackend(
+        weights, device="cuda", dtype=torch.float32, batch_sizes=sizes, fuse_units=False
+    )
     reference.add_avatar(avatar)
-    backend = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)
+    backend = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, fuse_units=False)
     backend.add_avatar(avatar)
-    fused = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, check_fp16_range=False)
-    fused.model = fuse_conv_units(fused.model)  # before the avatar: its graphs capture the fused units
+    fused = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)  # the default: fused units
     fused.add_avatar(avatar)
     variants = (("eager_fp32", reference), ("eager", backend), ("eager_fused", fused))
     for size in sizes:
@@ -175,9 +175,10 @@ def main() -> None:
         table = profile_kernels(engine, random_items(avatar, top, rng), args.out / f"kernels_{label}.txt")
         print(f"{label}, batch {top}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
 
-    for mode in modes:
+    for mode, fuse in [(m, f) for m in modes for f in (True, False)]:
+        label = mode if fuse else f"{mode}_unfused"
         if elapsed_s() > args.deadline_s:
-            print(f"mode {mode}: skipped (deadline)", flush=True)
+            print(f"{label}: skipped (deadline)", flush=True)
             continue
         cache_dir = Path(tempfile.mkdtemp(prefix=f"w2l-compile-{mode}-"))
         compiled = Wav2LipBackend(
@@ -190,7 +191,7 @@ def main() -> None:
         compiled.add_avatar(avatar)
         for size in sizes:
             if elapsed_s() > args.deadline_s:
-                print(f"mode {mode} batch {size}: skipped (deadline)", flush=True)
+                print(f"{label} batch {size}: skipped (deadline)", flush=True)
                 continue
             items = random_items(avatar, size, rng)
             t0 = time.perf_counter()
@@ -205,16 +206,16 @@ def main() -> None:
             row.update(render_pieces(compiled, size, args.iters))
             row.update(patch_error(reference, compiled, items))
             row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
-            doc["sizes"][size][mode] = row
+            doc["sizes"][size][label] = row
             print(
-                f"[{elapsed_s():5.0f} s] {mode} batch {size}: "
+                f"[{elapsed_s():5.0f} s] {label} batch {size}: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
                 flush=True,
             )
         if compiled.compiled is not None and elapsed_s() < args.deadline_s:
             top_items = random_items(avatar, max(sizes), rng)
-            table = profile_kernels(compiled, top_items, args.out / f"kernels_{mode}.txt")
-            print(f"{mode}, batch {max(sizes)}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
+            table = profile_kernels(compiled, top_items, args.out / f"kernels_{label}.txt")
+            print(f"{label}, batch {max(sizes)}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
         del compiled
         torch.cuda.empty_cache()
     (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))

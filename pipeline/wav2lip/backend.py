@@ -12,13 +12,12 @@ Fixed shapes: every such region of every avatar fits a shared canvas (the larges
 item fills its canvas's top-left corner and the rest is cut off on the host, where the patches are views of
 the batch's download (a fresh block of torch's caching pinned allocator; no host copy).
 
-On CUDA: fp16 (default) and channels_last, cuDNN autotuning, a dedicated stream, pinned host buffers and
-one CUDA graph per batch size in ``batch_sizes``. A graph covers everything on the device: the gather of
-the items' cached features and face pixels from the global tables, audio encoder, decoder and paste; so a
-render is two small uploads, one replay and one download. The graphs hold the tables' addresses: adding or
-removing an avatar recaptures them at once (a fraction of a second per size), before the next render. On
-the CPU: fp32, the same code without graphs. On CUDA the constructor sets ``torch.backends.cudnn.benchmark``
-(process-wide).
+On CUDA: fp16 (default), channels_last, conv units fused into single cuDNN calls (:mod:`.fused`), cuDNN
+autotuning (``torch.backends.cudnn.benchmark``, process-wide), a dedicated stream, pinned host buffers and
+one CUDA graph per batch size in ``batch_sizes``. A graph covers everything on the device (the gather of
+the items' cached features and face pixels from the global tables, audio encoder, decoder and paste), so a
+render is two small uploads, one replay and one download. Adding or removing an avatar recaptures the graphs
+(they hold the tables' addresses) at once. On the CPU: fp32, the same code without graphs.
 With ``compile_cache`` given (CUDA), the audio encoder + decoder of every bucket run as ``torch.compile``
 kernels (:mod:`.compiled`) inside those graphs, built at a bucket's first render (or loaded from the
 cache); a compile that fails leaves the backend on its eager kernels, with a warning. Sizes that are not
@@ -50,6 +49,7 @@ from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
 from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
 from pipeline.wav2lip.fold import fold_batchnorm
+from pipeline.wav2lip.fused import fuse_conv_units
 from pipeline.wav2lip.gather import gather_rows
 from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
@@ -101,6 +101,7 @@ class Wav2LipBackend:
         compile_cache: CompileCache | None = None,
         compile_mode: str = COMPILE_MODE,
         compiler: Compiler | None = None,
+        fuse_units: bool = True,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
 
@@ -127,6 +128,7 @@ class Wav2LipBackend:
             torch.backends.cudnn.benchmark = True
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         model = fold_batchnorm(load_wav2lip(checkpoint, map_location="cpu"))
+        model = fuse_conv_units(model) if self._cuda and fuse_units else model  # CPU: unfused
         # torch accepts memory_format here; its type stubs omit it.
         self.model = model.to(self.device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.requires_grad_(False)
@@ -330,12 +332,10 @@ class Wav2LipBackend:
             bucket.mel.copy_(bucket.mel_host, non_blocking=True)
             bucket.rows.copy_(bucket.rows_host, non_blocking=True)
             bucket.graph.replay()
-            # A fresh block of torch's caching pinned allocator: the patches are views of it, and it goes
-            # back to the cache when the last of them is dropped (a host copy per patch cost ~2x at b128).
+            # torch's caching pinned allocator; back when the last patch view goes (copies: 2x slower)
             out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
             out_host.copy_(bucket.out, non_blocking=True)
-        # The wait also guards the upload buffers against the next render's writes.
-        return out_host.numpy(), stream.synchronize
+        return out_host.numpy(), stream.synchronize  # the wait also guards the upload buffers
 
     def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""

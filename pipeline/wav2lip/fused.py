@@ -3,7 +3,8 @@
 After :func:`~pipeline.wav2lip.fold.fold_batchnorm` a :class:`~pipeline.wav2lip.model.ConvUnit` is a
 convolution with bias, an optional residual add of its input and a ReLU: three kernels in eager mode, two of
 them full passes over the activation. ``torch.cudnn_convolution_relu`` and
-``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a CPU the unit runs as before.
+``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a CPU, or when the convolution has
+forward hooks (:mod:`.range_check` watches every convolution's output), the unit runs as before.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class FusedConvUnit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.conv
-        if x.is_cuda:
+        if x.is_cuda and not conv._forward_hooks:  # a hooked conv (the fp16 range check) runs as a module
             stride, padding, dilation, groups = self._geometry
             if self.residual:
                 return torch.cudnn_convolution_add_relu(
