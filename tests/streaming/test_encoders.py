@@ -19,6 +19,7 @@ from pipeline.avatar import BUILTIN_AVATAR_DIR, load_avatar
 from streaming import rtc
 from streaming.encoders import Vp8Encoder, Vp8Settings
 from streaming.frames import to_yuv420p
+from streaming.memory import keep_frame_buffers_in_heap
 
 VP8 = RTCRtpCodecParameters(mimeType="video/VP8", clockRate=90000, payloadType=96)
 OPUS = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2, payloadType=111)
@@ -135,3 +136,8 @@ async def test_audio_senders_encode_on_the_loop_and_video_senders_in_the_executo
     finally:
         await pc.close()
 
+
+def test_frame_buffers_stay_in_the_heap_with_glibc() -> None:
+    import platform
+
+    assert keep_frame_buffers_in_heap() == (platform.libc_ver()[0] == "glibc")
