@@ -33,7 +33,7 @@ from server.sessions import SessionManager
 from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
-from streaming.rtc import observe_encoding, use_fast_audio_level
+from streaming.rtc import observe_encoding, use_fast_audio_level, use_vp8_settings
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ def create_app(
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
     use_fast_audio_level()  # the same audio level figure for a 20th of the CPU (every outbound packet)
+    use_vp8_settings(settings.vp8())  # the callers' VP8 encoders: lipcast's settings, yuv420p taken as is
     if runtime_builder is not None:
         app[RUNTIME_BUILDER] = runtime_builder
     app[METRICS] = Metrics()

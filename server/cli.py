@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from server import avatar_cli, engine_cli, tools_cli
 from server.flags import build_parser, settings_from
 from server.probe.cli import add_arguments as add_probe_arguments
+from streaming.memory import keep_frame_buffers_in_heap
 from streaming.rtc import restrict_host_addresses
 
 logger = logging.getLogger("lipcast")
@@ -39,6 +40,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     if settings.ice_addresses:
         restrict_host_addresses(settings.ice_addresses)
+    keep_frame_buffers_in_heap()  # the front renders (patches, batches); with one process it also encodes
     logger.info("lipcast on http://%s:%d (backend %s)", settings.host, settings.port, settings.backend)
     try:
         if settings.virtualcam:

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
 from pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
 from pipeline.timing import FPS
+from streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RENDER_PLACES = ("auto", "engine", "worker")
@@ -76,6 +77,10 @@ class Settings:
     push_buffer_s: float = 30.0  # pushed audio a push session queues ahead of playout (POST /sessions)
     push_grace_s: float = 30.0  # a push session without an audio socket for this long is closed
     viewer_bitrate_kbps: int = 1500  # the shared viewer encoder's fixed VP8 target
+    # VP8 (the caller's and the viewers' encoders): libvpx's speed (aiortc's -6; -16..16, a larger magnitude
+    # is faster) and its temporal denoiser (0 off, aiortc's 4 is for cameras); see streaming/encoders.py
+    vp8_cpu_used: int = AIORTC_CPU_USED
+    vp8_noise_sensitivity: int = DEFAULT_NOISE_SENSITIVITY
     virtualcam: bool = False
     virtualcam_device: str | None = None  # None: the first v4l2loopback device
     static_dir: Path = field(default=PROJECT_ROOT / "static")
@@ -143,10 +148,17 @@ class Settings:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
             problems.append("viewer_bitrate_kbps must be 100..20000")
+        try:
+            self.vp8()
+        except ValueError as e:
+            problems.append(str(e))
         if self.auth_token is not None and not self.auth_token.strip():
             problems.append("auth_token must not be blank")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def vp8(self) -> Vp8Settings:
+        return Vp8Settings(self.vp8_cpu_used, self.vp8_noise_sensitivity)
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)

@@ -51,6 +51,8 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "push_buffer_s": float,
     "push_grace_s": float,
     "viewer_bitrate_kbps": int,
+    "vp8_cpu_used": int,
+    "vp8_noise_sensitivity": int,
     "virtualcam": _flag,
     "checkpoint": Path,
     "compile_cache_dir": Path,
@@ -193,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     _option(p, "--push-buffer-s", "pushed audio a push session may queue ahead of playout, seconds")
     _option(p, "--push-grace-s", "close a push session this long after its audio socket is gone")
     _option(p, "--viewer-bitrate-kbps", "fixed VP8 bitrate of the viewers' shared encoder")
+    _option(
+        p,
+        "--vp8-cpu-used",
+        "libvpx speed of the VP8 encoders, -16..16 (aiortc's -6; a larger magnitude encodes faster, worse)",
+    )
+    _option(
+        p,
+        "--vp8-noise-sensitivity",
+        "libvpx temporal denoiser of the VP8 encoders, 0 (off, for rendered pictures) .. 6 (aiortc: 4)",
+    )
     _option(
         p,
         "--media-workers",

@@ -32,7 +32,7 @@ from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
 from streaming.clock import Clock, MonotonicClock
 from streaming.inbound import AudioIngest
 from streaming.offers import OfferSummary
-from streaming.rtc import tune_receiver_latency
+from streaming.rtc import encode_audio_on_loop, tune_receiver_latency
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from streaming.vad import SpeechDetector
 
@@ -79,6 +79,7 @@ class Session(PeerEndpoint):
             max_viewers=manager.settings.max_viewers,
             video_bitrate_bps=manager.settings.viewer_bitrate_kbps * 1000,
             connect_timeout_s=manager.settings.connect_timeout_s,
+            vp8=manager.settings.vp8(),
         )
         self.ingest: AudioIngest | None = None
         stream.on_failure = self._stage_failed
@@ -339,7 +340,7 @@ class SessionManager:
         for transceiver in pc.getTransceivers():
             tune_receiver_latency(transceiver.receiver)
         for track in outgoing:
-            pc.addTrack(track)
+            encode_audio_on_loop(pc.addTrack(track))
         if session.signalling == "whip":
             # WHIP clients such as OBS also send video; only the voice is used, so the video section is
             # answered without receiving (aiortc would otherwise decode it into an unbounded queue).

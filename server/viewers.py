@@ -23,6 +23,7 @@ from server.errors import BadRequestError, NotFoundError
 from server.offer_checks import check_viewer_offer, validate_offer
 from server.peer import PeerEndpoint
 from streaming.avatar_stream import AvatarStream, FrameMeta
+from streaming.encoders import Vp8Settings
 from streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
 from streaming.offers import OfferSummary
 
@@ -66,12 +67,14 @@ class SessionViewers:
         max_viewers: int,
         video_bitrate_bps: int,
         connect_timeout_s: float,
+        vp8: Vp8Settings | None = None,
     ) -> None:
         self.session_id = session_id
         self.stream = stream
         self.rtc_configuration = rtc_configuration
         self.max_viewers = max_viewers
         self.video_bitrate_bps = video_bitrate_bps
+        self.vp8 = vp8
         self.connect_timeout_s = connect_timeout_s
         self.viewers: dict[str, Viewer] = {}
         self.fanout: EncodedFanout | None = None
@@ -121,7 +124,7 @@ class SessionViewers:
     async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str) -> None:
         pc = viewer.pc
         if self.fanout is None:
-            self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps)
+            self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps, vp8=self.vp8)
             self.fanout.on_failure = self._fanout_failed
         fanout = self.fanout
         subscription = fanout.subscribe(viewer.send_meta)

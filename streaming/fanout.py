@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import fractions
 import logging
-import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from av.packet import Packet
 
 from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
 from streaming.avatar_stream import AvatarStream, FrameMeta
+from streaming.encoders import Vp8Settings, open_vp8
 from streaming.tasks import cancel_and_wait, session_log
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 
@@ -60,44 +60,26 @@ AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
 
 
 class Vp8PacketEncoder:
-    """VP8 with aiortc's real-time settings, returning whole frames as ``av.Packet`` (not RTP payloads)."""
+    """VP8 with the caller's encoder's settings (:mod:`streaming.encoders`), returning whole frames as
+    ``av.Packet`` (not RTP payloads)."""
 
-    def __init__(self, bitrate_bps: int = DEFAULT_VIDEO_BITRATE_BPS) -> None:
+    def __init__(
+        self, bitrate_bps: int = DEFAULT_VIDEO_BITRATE_BPS, settings: Vp8Settings | None = None
+    ) -> None:
         self.bitrate_bps = bitrate_bps
+        self.settings = settings or Vp8Settings()
         self.codec: Any = None  # av.VideoCodecContext, opened on the first frame (its size)
 
     def _open(self, width: int, height: int) -> Any:
-        codec = av.CodecContext.create("libvpx", "w")
-        codec.width = width
-        codec.height = height
-        codec.bit_rate = self.bitrate_bps
-        codec.pix_fmt = "yuv420p"
-        codec.gop_size = 3000  # keyframes on request only, as aiortc
-        codec.qmin = 2
-        codec.qmax = 56
-        codec.options = {
-            "bufsize": str(self.bitrate_bps),
-            "cpu-used": "-6",
-            "deadline": "realtime",
-            "lag-in-frames": "0",
-            "minrate": str(self.bitrate_bps),
-            "maxrate": str(self.bitrate_bps),
-            "noise-sensitivity": "4",
-            "overshoot-pct": "15",
-            "partitions": "0",
-            "static-thresh": "1",
-            "undershoot-pct": "100",
-        }
-        codec.thread_count = 2 if width * height > 640 * 480 and multiprocessing.cpu_count() >= 3 else 1
-        return codec
+        return open_vp8(width, height, self.bitrate_bps, self.settings)
 
     def encode(self, frame: VideoFrame, keyframe: bool = False) -> tuple[Packet | None, bool]:
         """One frame in, (its packet or None if the encoder produced nothing, whether it is a keyframe)."""
         if self.codec is None or (frame.width, frame.height) != (self.codec.width, self.codec.height):
             self.codec = self._open(frame.width, frame.height)
         pts, time_base = frame.pts, frame.time_base
-        # Write only to a frame of our own: the session's frames are rgb24, so the conversion makes one (its
-        # picture type set here, not copied from the input); a yuv420p input is copied only for a keyframe.
+        # Write only to a frame of our own: an rgb24 input's conversion is one (its picture type set here, not
+        # copied from the input); a yuv420p input, as the session's frames are, is copied only for a keyframe.
         if frame.format.name != "yuv420p" or keyframe:
             if frame.format.name != "yuv420p":
                 frame = frame.reformat(format="yuv420p")
@@ -236,11 +218,12 @@ class EncodedFanout:
         stream: AvatarStream,
         *,
         video_bitrate_bps: int = DEFAULT_VIDEO_BITRATE_BPS,
+        vp8: Vp8Settings | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = stream
         self.stats = FanoutStats()
-        self._video_encoder = Vp8PacketEncoder(video_bitrate_bps)
+        self._video_encoder = Vp8PacketEncoder(video_bitrate_bps, vp8)
         self._audio_encoder = OpusPacketEncoder()
         self._video_source = AvatarVideoTrack(stream, on_frame=self._on_frame)
         self._audio_source = AvatarAudioTrack(stream)

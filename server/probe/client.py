@@ -16,7 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
-from streaming.rtc import tune_receiver_latency, use_fast_audio_level
+from streaming.rtc import encode_audio_on_loop, tune_receiver_latency, use_fast_audio_level
 
 
 class ProbeError(RuntimeError):
@@ -64,7 +64,7 @@ async def call(
     meta: list[tuple[float, dict[str, Any]]] = []
     region: list[tuple[int, int, int, int] | None] = [None]
     try:
-        pc.addTrack(source)
+        encode_audio_on_loop(pc.addTrack(source))  # as the server's senders: no thread hop per 20 ms packet
         pc.addTransceiver("video", direction="recvonly")
         for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
             tune_receiver_latency(transceiver.receiver, video=video_release == "marker")

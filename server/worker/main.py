@@ -29,6 +29,9 @@ def run_worker(spec: WorkerSpec) -> None:
     )
     logging.getLogger("aioice").setLevel(logging.WARNING)
     logging.getLogger("aiortc").setLevel(logging.WARNING)
+    from streaming.memory import keep_frame_buffers_in_heap
+
+    keep_frame_buffers_in_heap()  # per-frame buffers from the heap, not fresh pages (streaming/memory.py)
     if spec.settings.ice_addresses:
         from streaming.rtc import restrict_host_addresses
 

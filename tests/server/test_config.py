@@ -58,6 +58,8 @@ def test_avatar_dirs_and_batch_sizes() -> None:
         ({"backend": "nope"}, "backend"),
         ({"max_sessions": 0}, "max_sessions"),
         ({"vad_aggressiveness": 5}, "vad"),
+        ({"vp8_cpu_used": 20}, "cpu-used"),
+        ({"vp8_noise_sensitivity": -1}, "noise sensitivity"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(changes: dict, message: str) -> None:
@@ -80,3 +82,10 @@ def test_jitter_buffer_is_fixed_by_default_and_adaptive_on_request() -> None:
     assert parse_settings(["--jitter-buffer-ms", "60"], env={}).jitter_buffer_ms == 60.0
     assert parse_settings(["--jitter-buffer-ms", "adaptive"], env={}).jitter_buffer_ms is None
     assert parse_settings([], env={"LIPCAST_JITTER_BUFFER_MS": "adaptive"}).jitter_buffer_ms is None
+
+
+def test_vp8_settings_default_to_aiortcs_speed_without_the_denoiser() -> None:
+    s = parse_settings([], env={})
+    assert (s.vp8().cpu_used, s.vp8().noise_sensitivity) == (-6, 0)
+    s = parse_settings(["--vp8-cpu-used", "-12"], env={"LIPCAST_VP8_NOISE_SENSITIVITY": "4"})
+    assert (s.vp8().cpu_used, s.vp8().noise_sensitivity) == (-12, 4)

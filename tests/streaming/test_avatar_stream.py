@@ -11,6 +11,7 @@ from pipeline.backend import RenderedPatch, RenderItem
 from pipeline.engine import RenderEngine
 from streaming.audio_buffer import InputAudioBuffer
 from streaming.avatar_stream import AvatarStream, idle_frame_index
+from streaming.frames import to_yuv420p
 from streaming.resample import DECIMATOR_DELAY_48K
 from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from tests.fakes import FakeBackend, FakeClock, LevelFeaturizer, speech_pattern, tiny_avatar, to_int16
@@ -98,7 +99,8 @@ async def test_frames_at_rest_are_not_rendered() -> None:
         assert backend.batches == []
         assert stream.stats.at_rest == stream.stats.ticks >= 5
         for frame in frames:
-            np.testing.assert_array_equal(frame.to_ndarray(format="rgb24"), stream.avatar.frames[0])
+            # The avatar frame as it is, as the encoders take it (yuv420p, converted once per tick).
+            np.testing.assert_array_equal(frame.to_ndarray(), to_yuv420p(stream.avatar.frames[0]))
     finally:
         engine.stop()
 
@@ -117,16 +119,18 @@ async def test_late_render_repeats_the_previous_frame_and_failure_shows_the_avat
     renderer.submitted[0][2].set_result(patch)
     first = asyncio.create_task(video.recv())
     await clock.advance(0.04)  # tick 0 presented, tick 1 produced and never completed
-    frame0 = (await first).to_ndarray(format="rgb24")
-    assert (frame0[4:12, 4:12] == 200).all() and (frame0[:4] == base[:4]).all()
+    frame0 = (await first).to_ndarray()  # yuv420p planes
+    composed = stream.frames._frames[0].image  # the picture they were converted from
+    assert (composed[4:12, 4:12] == 200).all() and (composed[:4] == base[:4]).all()
+    np.testing.assert_array_equal(frame0, to_yuv420p(composed))
     second = asyncio.create_task(video.recv())
     await clock.advance(0.04)  # tick 1 presented while its render is still running
-    np.testing.assert_array_equal((await second).to_ndarray(format="rgb24"), frame0)
+    np.testing.assert_array_equal((await second).to_ndarray(), frame0)
     assert video.stats.late == 1
     renderer.submitted[2][2].set_exception(RuntimeError("render failed"))
     third = asyncio.create_task(video.recv())
     await clock.advance(0.04)
-    np.testing.assert_array_equal((await third).to_ndarray(format="rgb24"), base)
+    np.testing.assert_array_equal((await third).to_ndarray(), to_yuv420p(base))
     assert video.stats.failed == 1 and video.stats.sent == 3
     await stream.stop()
     assert renderer.cancelled == ["s1"]

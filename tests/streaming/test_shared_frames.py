@@ -41,8 +41,9 @@ async def test_a_render_finishing_between_two_consumers_does_not_split_their_pic
     pending = [asyncio.create_task(t.recv()) for t in tracks]
     await clock.advance(0.04)  # tick 0 presented
     first = [await p for p in pending]
-    shown = first[0].to_ndarray(format="rgb24")
-    assert (shown[4:12, 4:12] == 200).all()
+    assert first[0].format.name == "yuv420p"  # what the VP8 encoders take (streaming/frames.py)
+    shown = first[0].to_ndarray()
+    assert (stream.frames._frames[0].image[4:12, 4:12] == 200).all()  # the composed picture
 
     # Tick 1: the caller asks at its presentation time, while its render still runs ...
     pending = [asyncio.create_task(caller.recv())]
@@ -53,7 +54,7 @@ async def test_a_render_finishing_between_two_consumers_does_not_split_their_pic
     others = [await viewers.recv(), await camera.recv()]
     for frame in (late, *others):
         assert frame.pts == 3600
-        np.testing.assert_array_equal(frame.to_ndarray(format="rgb24"), shown)  # the previous picture
+        np.testing.assert_array_equal(frame.to_ndarray(), shown)  # the previous picture
     # One composite per tick, shared; each track's VideoFrame is its own (PyAV frames are not thread-safe).
     assert first[0] is not first[1]
     assert [t.stats.late for t in tracks] == [1, 1, 1]
@@ -79,12 +80,15 @@ async def test_shared_frames_are_read_only_and_the_avatar_is_untouched() -> None
         frame.image[0, 0] = 0
     # The viewers' encoder reads the shared frame and writes only to its own conversion.
     encoder = Vp8PacketEncoder()
-    video = frame.video_frame()
-    packet, keyframe = encoder.encode(video, keyframe=True)
-    assert packet is not None and keyframe
-    assert video.format.name == "rgb24" and video.pts == 0
-    assert video.pict_type == frame.video_frame().pict_type  # the encoder marked only its own conversion
-    np.testing.assert_array_equal(video.to_ndarray(format="rgb24"), frame.image)
+    for pixel_format in ("rgb24", "yuv420p"):
+        video = frame.video_frame(pixel_format)
+        packet, keyframe = encoder.encode(video, keyframe=True)
+        assert packet is not None and keyframe
+        assert video.format.name == pixel_format and video.pts == 0
+        assert video.pict_type == frame.video_frame().pict_type  # the encoder marked only its own copy
+    np.testing.assert_array_equal(frame.video_frame("rgb24").to_ndarray(format="rgb24"), frame.image)
+    np.testing.assert_array_equal(frame.video_frame().to_ndarray(), frame.yuv420p())
+    assert not frame.yuv420p().flags.writeable and frame.yuv420p() is frame.yuv420p()  # converted once
     np.testing.assert_array_equal(stream.avatar.frames, before)
     await stream.stop()
 
