@@ -34,8 +34,8 @@ def run_worker(spec: WorkerSpec) -> None:
     keep_frame_buffers_in_heap()  # per-frame buffers from the heap, not fresh pages (streaming/memory.py)
     import cv2
 
-    # A worker's pictures are small (one call's 320x320 frame) and the workers already fill the cores: OpenCV's
-    # own thread pool only spins. H200 box, 12 workers with 2 calls each: its threads took 0.30 cores a worker.
+    # A worker's pictures are small (320x320) and the workers already fill the cores: OpenCV's own pool only
+    # spins (H200 box, 12 workers with 2 calls each: its threads took 0.30 cores a worker).
     cv2.setNumThreads(1)
     if spec.settings.ice_addresses:
         from streaming.rtc import restrict_host_addresses
