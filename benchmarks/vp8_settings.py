@@ -11,6 +11,7 @@ with the yuv420p input (PSNR and SSIM of luma, the whole picture and the mouth b
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 import wave
@@ -20,10 +21,11 @@ import av
 import cv2
 import numpy as np
 
-import pipeline.offline as offline
-from server.probe.patterns import burst_pattern
-from streaming.encoders import Vp8Settings, open_vp8
-from streaming.frames import to_yuv420p
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, not an installed one
+import pipeline.offline as offline  # noqa: E402
+from server.probe.patterns import burst_pattern  # noqa: E402
+from streaming.encoders import Vp8Settings, open_vp8  # noqa: E402
+from streaming.frames import to_yuv420p  # noqa: E402
 
 
 def composed_frames(seconds: float) -> tuple[np.ndarray, tuple[int, int, int, int]]:

@@ -4,10 +4,11 @@ aiortc's ``Vp8Encoder`` is made for camera pictures: libvpx's temporal denoiser 
 4) and every frame converted from whatever it is to yuv420p with swscale inside the encoder. lipcast's
 pictures are rendered, not filmed (no sensor noise to remove), and leave the compositor already as yuv420p
 (:meth:`streaming.frames.ComposedFrame.video_frame`). Measured on the built-in avatar's composed frames
-(320x320, 301 frames of speech, one core, CBR 1.5 Mbps): the encode took 1.03 ms a frame with the denoiser
-and 0.62 ms without it, at the same picture (PSNR-Y 42.4 vs 42.3 dB, SSIM-Y 0.9845 both); ``cpu-used``
-from -6 to -16 changed neither the time (0.88-1.03 ms) nor much the picture (PSNR-Y 42.4 -> 40.7 dB), so -6,
-aiortc's, stays the default and :class:`Vp8Settings` lets a deployment change both.
+(``benchmarks/vp8_settings.py``: 320x320, 301 frames of speech, one thread, CBR 1.5 Mbps, two runs): the
+encode took 0.76-1.03 ms a frame with the denoiser and 0.61-0.62 ms without it, at the same picture (PSNR-Y
+42.4-42.5 vs 42.3 dB, SSIM-Y 0.985 both); ``cpu-used`` from -6 to -16 changed the time by no more than the
+runs' noise (0.68-0.96 ms) and cost up to 1.9 dB PSNR-Y at -16, so -6, aiortc's, stays the default and
+:class:`Vp8Settings` lets a deployment change both.
 
 :class:`Vp8Encoder` keeps everything else of aiortc's: its rate control settings, the bitrate that follows
 the receiver's REMB (the codec is reopened when it moves by more than 10 %), forced keyframes and its RTP

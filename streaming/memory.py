@@ -4,9 +4,9 @@ A media worker allocates and frees several buffers of 150 KB - 1.2 MB per frame 
 pictures, their yuv420p planes, PyAV frames, the conversion's temporaries). Above glibc's mmap threshold
 (128 KB, raised on its own only as far as the largest block freed so far) each is a fresh ``mmap``: every
 page faults in zeroed on first touch and is unmapped again on ``free``; what stays in the heap is trimmed
-and regrown as the top of the heap moves. Measured on a media worker with one call: 11.5 ms of CPU per frame
-sent without this, 10.0 ms with it. The cost is memory kept for reuse: the heap holds on to up to
-``TRIM_THRESHOLD_BYTES`` of freed space.
+and regrown as the top of the heap moves. Measured on media workers with one call each (2-core box, two
+workers): 11.4-11.5 ms of CPU per frame sent without this, 10.0-10.7 ms with it (two runs). The cost is
+memory kept for reuse: the heap holds on to up to ``TRIM_THRESHOLD_BYTES`` of freed space.
 """
 
 from __future__ import annotations
