@@ -289,10 +289,19 @@ def mouth_motion(recording: CallRecording, reference_frames: int = 10) -> FloatA
     return np.abs(regions - reference).mean(axis=(1, 2, 3))
 
 
+ONSET_START_FRACTION = 0.5  # the rise to the threshold starts where motion is above this share of it
+
+
 def onset_latencies_ms(
     recording: CallRecording, bursts: list[Burst], motion: FloatArray, threshold: float
 ) -> list[float | None]:
-    """For each burst: time from its first sample leaving the client to the first moving mouth arriving."""
+    """For each burst: time from its first sample leaving the client to the mouth starting to move.
+
+    The mouth moves once its motion is over ``threshold``; its movement started at the beginning of that rise:
+    from the first frame over the threshold, back over the frames right before it whose motion is above
+    ``ONSET_START_FRACTION`` of the threshold. (A mouth opening over a 3-frame crossfade crosses a threshold
+    set by the call's codec noise in its second or third frame; the start of its rise is its first or second.)
+    """
     arrived = np.asarray(recording.video.arrived_at)
     out: list[float | None] = []
     for burst in bursts:
@@ -300,6 +309,13 @@ def onset_latencies_ms(
         if t_on is None:
             out.append(None)
             continue
-        moving = np.nonzero((arrived > t_on) & (motion > threshold))[0]
-        out.append(float((arrived[moving[0]] - t_on) * 1000.0) if len(moving) else None)
+        after = arrived > t_on
+        moving = np.nonzero(after & (motion > threshold))[0]
+        if not len(moving):
+            out.append(None)
+            continue
+        first = int(moving[0])
+        while first > 0 and after[first - 1] and motion[first - 1] > ONSET_START_FRACTION * threshold:
+            first -= 1
+        out.append(float((arrived[first] - t_on) * 1000.0))
     return out

@@ -3,11 +3,15 @@ audio that was lost, changed or reordered."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import cast
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from server.probe import analysis
+from server.probe.client import CallRecording
 from server.probe.patterns import burst_pattern
 from tests.fakes import speech_pattern, to_int16
 
@@ -104,3 +108,28 @@ def test_a_burst_split_soon_after_its_onset_keeps_its_onset() -> None:
     lags = [burst_lag for burst_lag, _ in analysis.burst_lags(sent, received, bursts, DELAY + 1_920)]
     fraction, _, reordered, first_lags = analysis.returned_by_burst(sent, received, bursts, lags)
     assert (fraction, reordered, first_lags) == (1.0, 0, [DELAY])
+
+
+def onset_recording(frames: int) -> CallRecording:
+    """Only what the onset search reads: audio sent from t = 0 in 20 ms packets, frames every 40 ms."""
+    video = SimpleNamespace(arrived_at=[0.5 + i * 0.04 for i in range(frames)])
+    source = SimpleNamespace(sent_at=[i * 0.02 for i in range(frames * 2)])
+    return cast(CallRecording, SimpleNamespace(video=video, source=source))
+
+
+@pytest.mark.parametrize("threshold", [14.0, 16.0])
+def test_mouth_onset_is_the_start_of_the_rise_whatever_the_threshold(threshold: float) -> None:
+    """A 3-frame crossfade (motion 7.5, 15.5, 23) under codec noise: the threshold (4 x the rest's p99) lands
+    near its second frame, so the first crossing is frame 21 or 22; the onset is where the rise began."""
+    motion = np.full(40, 1.0)
+    motion[12] = 4.0  # a noisy rest frame, not next to the rise
+    motion[20:23] = (7.5, 15.5, 23.0)
+    motion[23:30] = 23.0
+    recording = onset_recording(40)
+    burst = analysis.Burst(start=0, end=4_800)
+    (latency,) = analysis.onset_latencies_ms(recording, [burst], motion, threshold)
+    assert latency is not None
+    frame = round((latency / 1000.0 - 0.5) / 0.04)
+    crossing = int(np.nonzero(motion > threshold)[0][0])
+    assert frame == (20 if 7.5 > threshold / 2 else 21)
+    assert crossing - frame >= 1  # the old figure: the crossing itself, one frame later or more
