@@ -205,9 +205,7 @@ class InputAudioBuffer:
         if self._hysteresis_samples is not None and excess > self._hysteresis_samples:
             self.stats.trimmed_samples += self._discard_oldest(excess, silence_only=True)
         if self.jitter is not None and self._hysteresis_samples is not None:
-            # The window's minimum already holds its worst arrival; what the estimator still holds above
-            # its percentile (an underrun's allowance, a spike not yet forgotten) is kept as well.
-            self._trim_by_margin(max(0.0, self.jitter.jitter_ms - self.jitter.percentile_ms))
+            self._trim_by_margin(self.jitter)
         return pulled
 
     def _margin_s(self, count: int) -> float:
@@ -219,17 +217,17 @@ class InputAudioBuffer:
                 return self._clock() - block.arrived_s
         raise AssertionError("margin asked with less than count queued")
 
-    def _trim_by_margin(self, held_ms: float) -> None:
+    def _trim_by_margin(self, jitter: JitterEstimator) -> None:
         """Drop one silent head block if every pull of the window could have spared it."""
         if len(self._margins_s) < self._trim_window or not self._blocks or self._blocks[0].speech:
             return
-        head = self._blocks[0]
-        head_s = len(head.samples) / self.sample_rate_hz
+        head_samples = len(self._blocks[0].samples)
+        # The window's minimum already holds its worst arrival; what the estimator still holds above its
+        # percentile (an underrun's allowance, a spike not yet forgotten) is kept as well.
+        held_ms = max(0.0, jitter.jitter_ms - jitter.percentile_ms)
         guard_s = (TRIM_GUARD_MS + held_ms) / 1000.0
-        if min(self._margins_s) - head_s >= guard_s:
-            self._blocks.popleft()
-            self._depth -= len(head.samples)
-            self.stats.trimmed_samples += len(head.samples)
+        if min(self._margins_s) - head_samples / self.sample_rate_hz >= guard_s:
+            self.stats.trimmed_samples += self._discard_oldest(head_samples, silence_only=True)
             self._margins_s.clear()  # the next trim needs a whole window at the new depth
             self._trim_window = TRIM_WINDOW_PULLS
 

@@ -29,12 +29,11 @@ class FusedConvUnit(nn.Module):
         conv = unit.conv_block[0]
         if not isinstance(conv, nn.Conv2d) or not isinstance(unit.conv_block[1], nn.Identity):
             raise ValueError("fuse a BN-folded ConvUnit")
-        if conv.bias is None or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        padding = conv.padding
+        if conv.bias is None or conv.padding_mode != "zeros" or isinstance(padding, str):
             raise ValueError("the fused call needs a biased, zero-padded convolution")
         self.conv = conv
         self.residual = unit.residual
-        padding = conv.padding
-        assert not isinstance(padding, str)
         self._geometry: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int] = (
             tuple(conv.stride),
             tuple(padding),
