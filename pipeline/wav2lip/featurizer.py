@@ -7,19 +7,23 @@ silence (-4).
 
 Latency. Column ``t``'s STFT window ends at sample ``200 t + 400``, so the window of frame ``i`` is complete
 at sample ``200 start_i + 3400``. Frame ``i``'s own hop ends at ``640 (i + 1)``; the largest excess of the
-first over the second (reached whenever ``(i + offset) * 80 / fps`` is whole) is the exact audio need. A
-featurizer returns one frame per pushed hop at a constant lag, so the lookahead is that need rounded up to
-whole hops (the backend seam's timing contract):
+first over the second (reached whenever ``(i + offset) * 80 / fps`` is whole) is the exact audio need, and
+it is the lookahead: the featurizer lags ``need // hop`` whole pushes and puts the rest, ``need % hop``
+samples of silence (its *lead*), in front of the call's audio. The frame grid then sits that many samples
+before the push grid, so the window of the neediest frames is complete exactly at a push, with no rounding
+up to whole hops. Each frame keeps the published relation between its own hop and its mel columns (the
+lead only moves where frame 0 starts in the call), so lip sync is unchanged:
 
-======================  ======  ===================  ================================  ==================
-alignment               offset  first column         exact need past the hop           lookahead (lag)
-======================  ======  ===================  ================================  ==================
-inference (published)    0      int(80 i / fps)      2760 samples = 172.5 ms           3200 = 200 ms (5)
-training                -1      int(80 (i-1) / fps)  2120 samples = 132.5 ms           2560 = 160 ms (4)
-======================  ======  ===================  ================================  ==================
+======================  ======  ===================  ==================================  ===============
+alignment               offset  first column         exact need past the hop = lookahead  lag + lead
+======================  ======  ===================  ==================================  ===============
+inference (published)    0      int(80 i / fps)      2760 samples = 172.5 ms              4 hops + 200
+training                -1      int(80 (i-1) / fps)  2120 samples = 132.5 ms              3 hops + 200
+======================  ======  ===================  ==================================  ===============
 
-(at 25 fps; the general rule is in :func:`lookahead_hops`). The checkpoints were trained with the
-training alignment, the reference inference uses the other (spec sections 9 and 11).
+(at 25 fps; the general rule is in :func:`exact_need_samples`). Rounding up to whole hops instead, as the
+first rounds did, cost 27.5 ms (200 / 160 ms). The checkpoints were trained with the training alignment,
+the reference inference uses the other (spec sections 9 and 11).
 
 ``is_at_rest`` is always False: Wav2Lip regenerates the lower face for every window, silence included,
 so no window leaves the avatar frame unchanged; idling is decided elsewhere.
@@ -73,17 +77,12 @@ def exact_need_samples(fps: int, window_offset_frames: int) -> int:
     )
 
 
-def lookahead_hops(fps: int, window_offset_frames: int) -> int:
-    """Whole hops a featurizer lags behind the newest pushed hop: ``ceil(need / hop)``."""
-    hop = SAMPLE_RATE_HZ // fps
-    return max(0, -(-exact_need_samples(fps, window_offset_frames) // hop))
-
-
 class Wav2LipFeaturizer:
     """Streaming :class:`~pipeline.backend.Featurizer` producing Wav2Lip mel windows.
 
-    After the n-th push (n = 1, 2, ...) it returns the window of frame ``n - 1 - lookahead_hops``; frames
-    before the first (the first ``lookahead_hops`` pushes) get a silent window.
+    After the n-th push (n = 1, 2, ...) it returns the window of frame ``n - 1 - lag_frames``; the pushes
+    before frame 0 get a silent window. Frame ``i``'s own hop is the pushed samples
+    ``[640 i - lead_samples, 640 (i + 1) - lead_samples)``.
     """
 
     def __init__(self, fps: int = FPS, window_offset_frames: int = INFERENCE_ALIGNMENT) -> None:
@@ -94,15 +93,16 @@ class Wav2LipFeaturizer:
         self.fps = fps
         self.window_offset_frames = window_offset_frames
         self.samples_per_frame = SAMPLE_RATE_HZ // fps
-        self.lag_frames = lookahead_hops(fps, window_offset_frames)
+        need = exact_need_samples(fps, window_offset_frames)
+        self.lag_frames, self.lead_samples = divmod(need, self.samples_per_frame)
         self._mel = StreamingMel()
-        self._columns = np.empty((N_MELS, 0), dtype=np.float32)
+        self._columns = self._mel.push(np.zeros(self.lead_samples, dtype=np.float32))
         self._first_column = 0  # absolute index of self._columns[:, 0]
         self._pushes = 0
 
     @property
     def lookahead_samples(self) -> int:
-        return self.lag_frames * self.samples_per_frame
+        return self.lag_frames * self.samples_per_frame + self.lead_samples
 
     @property
     def lookahead_ms(self) -> float:

@@ -99,9 +99,9 @@ def test_backend_protocol(backend: Wav2LipBackend) -> None:
     assert isinstance(backend, LipSyncBackend)
     assert backend.name == "wav2lip"
     assert backend.conditioning_shape == (80, 16)
-    assert backend.lookahead_ms == 200.0
-    assert backend.new_featurizer().lookahead_samples == 3200
-    assert Wav2LipBackend(None, window_offset_frames=-1).lookahead_ms == 160.0
+    assert backend.lookahead_ms == 172.5
+    assert backend.new_featurizer().lookahead_samples == 2760
+    assert Wav2LipBackend(None, window_offset_frames=-1).lookahead_ms == 132.5
 
 
 def test_render_places_patches_on_the_padded_boxes(backend: Wav2LipBackend, avatars: list[Avatar]) -> None:
