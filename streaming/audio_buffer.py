@@ -5,7 +5,7 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
 * The target depth is fixed (``target_ms``) or adaptive (``jitter`` given): then it starts at
   ``target_ms`` (the least that playout needs, one tick of audio) and follows the observed inter-arrival
   jitter (:class:`streaming.jitter.JitterEstimator`: a high percentile of the blocks' relative delay, grown
-  at once, shrunk slowly and only in silence), between ``target_ms`` and ``max_target_ms``.
+  at once, shrunk slowly once the spike has left its window), between ``target_ms`` and ``max_target_ms``.
 * The media clock pulls one frame of audio per tick. Playout starts once the target is buffered and
   restarts the same way after running dry; a dry tick gets silence (an *underrun*) and the late audio is
   played afterwards, in order.
@@ -147,7 +147,7 @@ class InputAudioBuffer:
             return
         if self.jitter is not None:
             position_s = self._next_input_pos / self.sample_rate_hz
-            self.jitter.observe(self._clock(), position_s, speech=speech)
+            self.jitter.observe(self._clock(), position_s)
         self._blocks.append(_Block(samples, speech, self._next_input_pos, self._clock()))
         self._next_input_pos += len(samples)
         self._depth += len(samples)

@@ -8,9 +8,11 @@ window moves on), and reports a high percentile of it: the extra audio the buffe
 ``quantile`` of the blocks arrive before they are played.
 
 The target it asks for grows at once (a late block must not find the buffer dry twice) and shrinks slowly,
-``shrink_ms_per_s``, and only while the caller is silent (the buffer gives up depth only by trimming
-silence anyway, :mod:`streaming.audio_buffer`). An underrun adds ``underrun_step_ms`` on top (the
-percentile did not cover what happened), which decays the same slow way.
+``shrink_ms_per_s``, once the spike has left the window. It shrinks while the caller speaks too: the buffer
+gives up depth only by trimming silence anyway (:mod:`streaming.audio_buffer`), so a lower target during
+speech only lets the next pause take all the excess at once. (Shrinking only in silence, as before, kept a
+call that began with one 130 ms stall at +100 ms for over 30 s of normal speech.) An underrun adds
+``underrun_step_ms`` on top (the percentile did not cover what happened), which decays the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 DEFAULT_WINDOW_BLOCKS = 250  # 5 s of 20 ms blocks
 DEFAULT_QUANTILE = 0.95
-DEFAULT_SHRINK_MS_PER_S = 5.0  # a 100 ms spike is forgotten over ~20 s of silence
+DEFAULT_SHRINK_MS_PER_S = 20.0  # a 100 ms spike is forgotten 5 s after it left the window
 DEFAULT_UNDERRUN_STEP_MS = 20.0
 
 
@@ -62,10 +64,10 @@ class JitterEstimator:
 
     @property
     def jitter_ms(self) -> float:
-        """Extra buffering the target asks for now (grown at once, shrunk slowly in silence)."""
+        """Extra buffering the target asks for now (grown at once, shrunk slowly)."""
         return self._held_ms
 
-    def observe(self, arrival_s: float, position_s: float, *, speech: bool) -> None:
+    def observe(self, arrival_s: float, position_s: float) -> None:
         """One block arrived at ``arrival_s`` (the server's clock); its first sample is at ``position_s`` of
         the caller's stream."""
         self._delays_s[self._count % len(self._delays_s)] = arrival_s - position_s
@@ -75,7 +77,7 @@ class JitterEstimator:
         wanted = min(self.percentile_ms, self.max_jitter_ms)
         if wanted >= self._held_ms:
             self._held_ms = wanted
-        elif not speech:
+        else:
             self._held_ms = max(wanted, self._held_ms - self.shrink_ms_per_s * elapsed_s)
 
     def underrun(self) -> None:
