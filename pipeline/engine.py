@@ -89,9 +89,11 @@ class RenderEngine:
         *,
         clock: Callable[[], float] = time.monotonic,
         worker_niceness: int = 0,
+        device: str = "",
     ) -> None:
         """``batch_sizes``: the fixed batch buckets (:func:`pipeline.defaults.default_batch_sizes` picks
-        them per device).
+        them per device). ``device`` names the backend's device (``"cuda:1"``); on CUDA the worker thread
+        makes it its current device, so that one engine per GPU renders on its own.
 
         ``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
         device rendering is best effort (a late frame is repeated) while the media clock must never stall."""
@@ -110,6 +112,7 @@ class RenderEngine:
         self._avatars: dict[str, Avatar] = {}
         self.warmup_s: float | None = None
         self.worker_niceness = worker_niceness
+        self.device = device
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -269,6 +272,10 @@ class RenderEngine:
 
     def _run(self) -> None:
         self._lower_priority()
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(self.device))
         while True:
             work = self._take_work()
             if work is None:

@@ -36,6 +36,31 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
+def resolve_devices(spec: str = "auto", gpus: Sequence[str] | None = None) -> list[torch.device]:
+    """The devices that get an engine each.
+
+    ``gpus`` (``--gpus 0,1``): those, a bare number meaning that CUDA device (any torch device string is
+    taken as it is; two ``cpu`` entries give two CPU engines, which tests use). Otherwise ``spec`` as in
+    :func:`resolve_device`, except that ``cuda`` or ``auto`` on a host with several GPUs means all of them.
+    """
+    if gpus:
+        devices = [
+            torch.device("cuda", int(g)) if g.strip().isdigit() else torch.device(g.strip()) for g in gpus
+        ]
+        if any(d.type == "cuda" for d in devices):
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"GPUs {list(gpus)} requested but CUDA is not available")
+            count = torch.cuda.device_count()
+            missing = [str(d) for d in devices if d.type == "cuda" and (d.index or 0) >= count]
+            if missing:
+                raise RuntimeError(f"no such GPU: {', '.join(missing)} ({count} visible)")
+        return devices
+    device = resolve_device(spec)
+    if device.type == "cuda" and spec in ("auto", "cuda") and torch.cuda.device_count() > 1:
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [device]
+
+
 def device_report(device: torch.device) -> dict[str, Any]:
     """Versions and switches that decide performance; logged at startup and shown on /healthz."""
     report: dict[str, Any] = {

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import torch
 from aiohttp import web
 
 from pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
 from pipeline.defaults import default_batch_sizes, default_render_budget_ms
 from pipeline.engine import RenderEngine
+from pipeline.engine_group import EngineGroup
 from pipeline.registry import AvatarRegistry
 from pipeline.runtime import (
     configure_threads,
@@ -21,7 +24,7 @@ from pipeline.runtime import (
     measured_render_budget_ms,
     render_niceness,
     resolve_compile,
-    resolve_device,
+    resolve_devices,
 )
 from pipeline.warmup import WARMUP_TIMED_RENDERS
 from server import avatar_routes, routes
@@ -66,10 +69,11 @@ def load_avatars(settings: Settings) -> dict[str, Avatar]:
 
 
 def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
-    """Everything blocking at startup: device, backend, avatars, engine warm-up."""
-    device = resolve_device(settings.device)
+    """Everything blocking at startup: devices, backends, avatars, engine warm-up (one engine per device)."""
+    devices = resolve_devices(settings.device, settings.gpus)
+    device = devices[0]
     report = device_report(device)
-    logger.info("device: %s", report)
+    logger.info("device: %s%s", report, f" (and {len(devices) - 1} more)" if len(devices) > 1 else "")
     # Settings left to "auto" are decided here, once the device is known; the runtime keeps the result.
     measure_budget = settings.render_budget_ms is None and device.type == "cuda"
     settings = settings.with_overrides(
@@ -77,35 +81,10 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         render_budget_ms=settings.render_budget_ms or default_render_budget_ms(settings.backend, device),
     )
     configure_threads(settings.backend, device, settings.torch_threads)
-    compile_cache_dir = None
-    if settings.backend == "wav2lip" and resolve_compile(settings.wav2lip_compile, device):
-        import torch
-
-        from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root, environment_key
-
-        # auto: the compiled kernels when a build for this environment exists (no surprise minutes-long
-        # start); on: build what is missing at start.
-        root = settings.compile_cache_dir or default_cache_root()
-        key = environment_key(device, torch.float16, settings.wav2lip_compile_mode)
-        if settings.wav2lip_compile == "on" or CompileCache(root).has_build(key, settings.batch_sizes):
-            compile_cache_dir = root
-    backend = create_backend(
-        settings.backend,
-        device,
-        checkpoint=settings.checkpoint,
-        lookahead_ms=settings.lookahead_ms,
-        batch_sizes=settings.batch_sizes,
-        wav2lip_alignment=settings.wav2lip_alignment,
-        compile_cache_dir=compile_cache_dir,
-        compile_mode=settings.wav2lip_compile_mode,
-    )
+    compile_cache_dir = _compile_cache_dir(settings, device)
     avatars = load_avatars(settings)
-    engine = RenderEngine(
-        backend,
-        settings.batch_sizes,
-        clock=clock.now if clock else time.monotonic,
-        worker_niceness=render_niceness(device),
-    )
+    engines = [_device_engine(settings, d, compile_cache_dir, clock) for d in devices]
+    engine: RenderEngine | EngineGroup = engines[0] if len(engines) == 1 else EngineGroup(engines)
     registry = AvatarRegistry(engine)
     for avatar in avatars.values():
         registry.add(avatar)
@@ -119,8 +98,50 @@ def build_runtime(settings: Settings, clock: Clock | None = None) -> Runtime:
         )
         settings = settings.with_overrides(render_budget_ms=budget_ms)
     report = device_report(device)  # the backend may have switched cudnn.benchmark on
+    if len(devices) > 1:
+        report["devices"] = [str(d) for d in devices]
+    backend = engines[0].backend
     sessions = SessionManager(settings, backend, engine, registry, clock)
     return Runtime(settings, backend, engine, registry, sessions, report)
+
+
+def _compile_cache_dir(settings: Settings, device: torch.device) -> Path | None:
+    """Where Wav2Lip's compiled kernels come from, or None to run eager."""
+    if settings.backend != "wav2lip" or not resolve_compile(settings.wav2lip_compile, device):
+        return None
+    from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root, environment_key
+
+    # auto: the compiled kernels when a build for this environment exists (no surprise minutes-long
+    # start); on: build what is missing at start.
+    root = settings.compile_cache_dir or default_cache_root()
+    key = environment_key(device, torch.float16, settings.wav2lip_compile_mode)
+    if settings.wav2lip_compile == "on" or CompileCache(root).has_build(key, settings.batch_sizes):
+        return root
+    return None
+
+
+def _device_engine(
+    settings: Settings, device: torch.device, compile_cache_dir: Path | None, clock: Clock | None
+) -> RenderEngine:
+    """The backend on one device and the engine that owns it (built with that device current)."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        backend = create_backend(
+            settings.backend,
+            device,
+            checkpoint=settings.checkpoint,
+            lookahead_ms=settings.lookahead_ms,
+            batch_sizes=settings.batch_sizes,
+            wav2lip_alignment=settings.wav2lip_alignment,
+            compile_cache_dir=compile_cache_dir,
+            compile_mode=settings.wav2lip_compile_mode,
+        )
+    return RenderEngine(
+        backend,
+        settings.batch_sizes,
+        clock=clock.now if clock else time.monotonic,
+        worker_niceness=render_niceness(device),
+        device=str(device),
+    )
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -51,6 +51,7 @@ class Settings:
     backend: str = DEFAULT_BACKEND
     checkpoint: Path | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    gpus: tuple[str, ...] = ()  # one engine each ("0", "1", or device strings); empty: from `device`
     avatar: str = DEFAULT_AVATAR
     avatar_dirs: tuple[Path, ...] = (BUILTIN_AVATAR_DIR,)
     fps: int = FPS

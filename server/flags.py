@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(p, "--backend", "lip-sync backend", choices=BACKENDS)
     _option(p, "--checkpoint", "Wav2Lip checkpoint")
     _option(p, "--device", "auto, cpu, cuda or cuda:N")
+    _option(p, "--gpus", "one engine per listed GPU, e.g. 0,1 (default with cuda or auto: every GPU)")
     _option(p, "--avatar", "default avatar name")
     _list_option(p, "--avatar-dir", "DIR", "extra avatar directory, repeatable", ", ':'-separated", type=Path)
     _option(p, "--fps", "output frame rate")
@@ -240,7 +241,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     defaults = Settings()
     values: dict[str, Any] = {}
     for f in fields(Settings):
-        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes", "cors_origins"):
+        if f.name in ("ice_servers", "ice_addresses", "avatar_dirs", "batch_sizes", "cors_origins", "gpus"):
             continue
         flag = getattr(args, f.name, None)
         raw: Any = flag if flag is not None else _env(env, f.name.upper())
@@ -268,6 +269,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     if "media_workers" not in values:
         values["media_workers"] = 1 if values.get("virtualcam") else default_media_workers()
 
+    gpus = args.gpus or _env(env, "GPUS")
+    if gpus:
+        values["gpus"] = tuple(g.strip() for g in gpus.split(",") if g.strip())
     batch = args.batch_sizes or _env(env, "BATCH_SIZES")
     if batch:
         try:

@@ -12,13 +12,14 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from pipeline.avatar import Avatar
+from pipeline.engine_group import EngineGroup
 from server import cors, push, whip_whep
 from server.auth import require_bearer
 from server.capacity import STARTING_RETRY_AFTER_S
 from server.cpu_usage import cpu_snapshot
 from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from server.metrics import CONTENT_TYPE
-from server.state import METRICS, RUNTIME, SETTINGS, runtime_of
+from server.state import METRICS, RUNTIME, SETTINGS, Runtime, runtime_of
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
@@ -137,10 +138,18 @@ async def healthz(request: web.Request) -> web.Response:
                 "warmup_s": runtime.engine.warmup_s,
                 "batch_sizes": list(runtime.engine.batch_sizes),
                 "stats": asdict(runtime.engine.stats),  # counters: batches, frames, busy_s, expired
+                **engine_devices(runtime),
             },
             **runtime.device,
         }
     )
+
+
+def engine_devices(runtime: Runtime) -> dict[str, Any]:
+    """With one engine per GPU: each one's device, queue and counters (``{}`` with one engine)."""
+    if isinstance(runtime.engine, EngineGroup):
+        return {"devices": runtime.engine.per_device()}
+    return {}
 
 
 async def readyz(request: web.Request) -> web.Response:

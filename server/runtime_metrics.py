@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pipeline.engine_group import EngineGroup
 from server.state import Runtime
 
 
@@ -71,10 +72,35 @@ class RuntimeCollector(Collector):
         yield _gauge(
             "lipcast_engine_queue_depth", "Frames waiting for the engine", runtime.engine.queue_depth
         )
+        if isinstance(runtime.engine, EngineGroup):  # one engine per GPU: each one's share
+            yield from _per_device(runtime.engine)
         memory = runtime.gpu_memory_bytes()
         if memory is not None:
             yield _gauge("lipcast_gpu_memory_bytes", "GPU memory allocated by the engine", memory)
         yield _gauge("lipcast_uptime_seconds", "Seconds since start", time.monotonic() - runtime.started_s)
+
+
+def _per_device(group: EngineGroup) -> Iterator[Metric]:
+    families = {
+        "frames": CounterMetricFamily(
+            "lipcast_device_engine_frames", "Frames rendered, per device", labels=["device"]
+        ),
+        "busy_s": CounterMetricFamily(
+            "lipcast_device_engine_busy_seconds", "Time spent rendering, per device", labels=["device"]
+        ),
+        "expired": CounterMetricFamily(
+            "lipcast_device_engine_expired", "Frames dropped at their deadline, per device", labels=["device"]
+        ),
+    }
+    queue = GaugeMetricFamily(
+        "lipcast_device_engine_queue_depth", "Frames waiting, per device", labels=["device"]
+    )
+    for device, engine in zip(group.devices, group.engines, strict=True):
+        for field_name, family in families.items():
+            family.add_metric([device], getattr(engine.stats, field_name))
+        queue.add_metric([device], engine.queue_depth)
+    yield from families.values()
+    yield queue
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

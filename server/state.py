@@ -11,6 +11,7 @@ from aiohttp import web
 
 from pipeline.backend import LipSyncBackend
 from pipeline.engine import RenderEngine
+from pipeline.engine_group import EngineGroup
 from pipeline.engine_link.client import SharedRenderer
 from pipeline.registry import AvatarRegistry
 from server.capacity import STARTING_RETRY_AFTER_S
@@ -27,7 +28,8 @@ class Runtime:
 
     settings: Settings
     backend: LipSyncBackend
-    engine: RenderEngine | SharedRenderer  # a media worker's link to the front's engine
+    # one device's engine, one per device (several GPUs), or a media worker's link to the front's engine
+    engine: RenderEngine | EngineGroup | SharedRenderer
     avatars: AvatarRegistry
     sessions: SessionManager
     device: dict[str, Any]

@@ -5,7 +5,10 @@ directory; with the shared engine it also has an :class:`~pipeline.engine_link.b
 shared-memory ring and pipe). The pool
 
 * places a new call on the ready worker with the fewest calls (reserving the slot while the offer is
-  forwarded) and refuses it when the whole server has ``max_sessions`` calls (503, Retry-After);
+  forwarded) and refuses it when the whole server has ``max_sessions`` calls (503, Retry-After); with one
+  engine per GPU (:class:`~pipeline.engine_group.EngineGroup`) worker ``i`` is bound to engine
+  ``i % engines`` and a call first goes to the engine with the most headroom (the fewest calls), then to
+  the least-loaded worker bound to it;
 * remembers which worker owns which session, learnt from the answers, and forgets sessions that a worker no
   longer reports (its health check lists its live sessions);
 * notices a worker that exits (its process sentinel, at once) or hangs (no health check answered for
@@ -34,6 +37,7 @@ import aiohttp
 
 from pipeline.defaults import BUILTIN
 from pipeline.engine import RenderEngine
+from pipeline.engine_group import EngineGroup
 from pipeline.engine_link.bridge import EngineBridge
 from pipeline.engine_link.ring import RingLayout
 from server.capacity import RETRY_AFTER_S
@@ -61,6 +65,26 @@ def resolve_render_in(settings: Settings, runtime: Runtime) -> str:
     return WORKER if settings.backend == BUILTIN and on_cpu else ENGINE
 
 
+def front_engines(runtime: Runtime) -> list[RenderEngine]:
+    """The front's engines, one per device, that workers are bound to."""
+    engine = runtime.engine
+    if isinstance(engine, EngineGroup):
+        return list(engine.engines)
+    if isinstance(engine, RenderEngine):
+        return [engine]
+    raise RuntimeError("the front's engine must be a RenderEngine or an EngineGroup")
+
+
+def engine_load(workers: list[Worker], engine_index: int) -> int:
+    return sum(w.load for w in workers if w.engine_index == engine_index)
+
+
+def place_call(ready: list[Worker], live: list[Worker]) -> Worker:
+    """Where a new call goes: the engine (GPU) with the fewest calls over all its live workers, then its
+    ready worker with the fewest calls (with one engine: simply the least-loaded worker)."""
+    return min(ready, key=lambda w: (engine_load(live, w.engine_index), w.load, w.index))
+
+
 @dataclass
 class Worker:
     index: int
@@ -69,6 +93,7 @@ class Worker:
     socket_path: str
     http: aiohttp.ClientSession
     bridge: EngineBridge | None
+    engine_index: int = 0  # which of the front's engines (GPUs) renders its calls
     started_s: float = field(default_factory=time.monotonic)
     sessions: dict[str, float] = field(default_factory=dict)  # session id -> when the front learnt it
     reserved: int = 0
@@ -105,6 +130,7 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._monitor: asyncio.Task[None] | None = None
         self._backend_info = BackendInfo.of(runtime.backend) if self.render_in == ENGINE else None
+        self.engines = front_engines(runtime) if self.render_in == ENGINE else []
         avatars = list(runtime.avatars.values())
         self._layout = RingLayout(
             ENGINE_SLOTS_PER_WORKER,
@@ -141,10 +167,9 @@ class WorkerPool:
         bridge: EngineBridge | None = None
         link: EngineLinkSpec | None = None
         worker_end = None
+        engine_index = index % len(self.engines) if self.engines else 0
         if self.render_in == ENGINE:
-            engine = self.runtime.engine
-            if not isinstance(engine, RenderEngine):
-                raise RuntimeError("the front's engine must be a RenderEngine")
+            engine = self.engines[engine_index]
             engine_end, worker_end = self._context.Pipe()
             bridge = EngineBridge(engine, self._layout, engine_end, f"w{index}.{self._generation}")
             bridge.start()
@@ -164,7 +189,7 @@ class WorkerPool:
         if worker_end is not None:
             worker_end.close()  # the child has its copy; ours would keep the pipe open after it dies
         http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path))
-        worker = Worker(index, self._generation, process, socket_path, http, bridge)
+        worker = Worker(index, self._generation, process, socket_path, http, bridge, engine_index)
         self.workers[index] = worker
         asyncio.get_running_loop().add_reader(process.sentinel, self._exited, worker)
         logger.info("%s started (pid %s)", worker.name, process.pid)
@@ -338,9 +363,13 @@ class WorkerPool:
         if not ready:
             self.refused["no_worker"] += 1
             raise CapacityError("no media worker is ready; try again shortly", RETRY_AFTER_S)
-        worker = min(ready, key=lambda w: (w.load, w.index))
+        worker = place_call(ready, self.live())
         worker.reserved += 1
         return worker
+
+    def engine_load(self, engine_index: int) -> int:
+        """Calls (and reserved slots) of the live workers bound to one engine."""
+        return engine_load(self.live(), engine_index)
 
     def release(self, worker: Worker, session_id: str | None) -> None:
         worker.reserved = max(0, worker.reserved - 1)

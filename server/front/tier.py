@@ -187,8 +187,13 @@ async def healthz(request: web.Request) -> web.Response:
                 "cpu": state.get("cpu"),  # its own snapshot (per thread too), taken when it answered
                 "frames_sent_total": state.get("frames_sent_total"),
                 "link": state.get("link"),  # its frames on the engine link: done, expired, ring full
+                "engine": worker.engine_index,  # which of the front's engines (GPUs) renders its calls
             }
         )
+    devices = body.get("engine", {}).get("devices")
+    if devices:  # one engine per GPU: the calls on each come from the workers bound to it
+        for index, device in enumerate(devices):
+            device["sessions"] = pool.engine_load(index)
     body |= {
         "sessions": pool.sessions_total,
         "frames_sent_total": frames,

@@ -44,7 +44,7 @@ def runtime_builder(
         return Runtime(settings, backend, renderer, registry, sessions, device)
 
     def local(settings: Settings, clock: Clock | None) -> Runtime:
-        runtime = build_runtime(settings.with_overrides(device="cpu"), clock)
+        runtime = build_runtime(settings.with_overrides(device="cpu", gpus=()), clock)
         runtime.device["render_in"] = "worker"
         return runtime
 

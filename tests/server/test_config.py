@@ -50,6 +50,12 @@ def test_avatar_dirs_and_batch_sizes() -> None:
     assert s.batch_sizes == (1, 2, 4)
 
 
+def test_gpus_list() -> None:
+    assert parse_settings(["--gpus", "0, 1"], env={}).gpus == ("0", "1")
+    assert parse_settings([], env={"LIPCAST_GPUS": "cuda:1,cuda:2"}).gpus == ("cuda:1", "cuda:2")
+    assert parse_settings([], env={}).gpus == ()
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [

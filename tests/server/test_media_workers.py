@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 
+from pipeline.engine_group import EngineGroup
 from server.app import create_app
 from server.config import Settings
 from server.front.tier import POOL, WORKER_HEADER
 from server.probe.wish import open_publisher, open_viewer
+from server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
@@ -152,3 +154,34 @@ async def test_a_killed_worker_loses_only_its_call(aiohttp_client) -> None:
     finally:
         await doomed.close(delete=False)
         await survivor.close(delete=True)
+
+
+async def test_one_engine_per_device_serves_the_workers_bound_to_it(aiohttp_client) -> None:
+    # Two CPU "devices" stand for two GPUs: an engine each, worker i bound to engine i % 2.
+    app = create_app(settings(gpus=("cpu", "cpu"), render_in="engine"))
+    client = await aiohttp_client(app)
+    pool = client.app[POOL]
+    group = client.app[RUNTIME].engine
+    assert isinstance(group, EngineGroup) and len(group.engines) == 2
+    assert [w.engine_index for w in pool.live()] == [0, 1]
+    audio = to_int16(speech_pattern(PATTERN))
+    url = base_url(client)
+    a = await open_publisher(client.session, url, audio, signalling="offer")
+    b = await open_publisher(client.session, url, audio, signalling="offer")
+    try:
+        assert {pool.owner(a.session_id).engine_index, pool.owner(b.session_id).engine_index} == {0, 1}
+        await asyncio.wait_for(asyncio.gather(a.connected.wait(), b.connected.wait()), 20)
+        # Both calls speak from 0.5 s on: each engine renders its own call's frames.
+        await wait_for(lambda: all(e.stats.frames >= 10 for e in group.engines), 30, "renders on both")
+        async with client.get("/healthz") as response:
+            health = await response.json()
+        devices = health["engine"]["devices"]
+        assert [d["device"] for d in devices] == ["cpu/0", "cpu/1"]
+        assert [d["sessions"] for d in devices] == [1, 1] and all(d["frames"] >= 10 for d in devices)
+        assert [w["engine"] for w in health["media_workers"]["workers"]] == [0, 1]
+        async with client.get("/metrics") as response:
+            text = await response.text()
+        assert 'lipcast_device_engine_frames_total{process="front",device="cpu/1"}' in text
+    finally:
+        await a.close(delete=True)
+        await b.close(delete=True)
