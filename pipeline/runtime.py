@@ -44,9 +44,8 @@ def resolve_devices(spec: str = "auto", gpus: Sequence[str] | None = None) -> li
     :func:`resolve_device`, except that ``cuda`` or ``auto`` on a host with several GPUs means all of them.
     """
     if gpus:
-        devices = [
-            torch.device("cuda", int(g)) if g.strip().isdigit() else torch.device(g.strip()) for g in gpus
-        ]
+        names = [g.strip() for g in gpus]
+        devices = [torch.device("cuda", int(g)) if g.isdigit() else torch.device(g) for g in names]
         if any(d.type == "cuda" for d in devices):
             if not torch.cuda.is_available():
                 raise RuntimeError(f"GPUs {list(gpus)} requested but CUDA is not available")

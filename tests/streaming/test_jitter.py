@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -61,33 +63,50 @@ def test_grows_at_once_and_shrinks_slowly_after_the_spike() -> None:
     assert est.jitter_ms == 0.0
 
 
-def run_call_with_a_stall(
-    buf: InputAudioBuffer, clock: Clock, *, stall_at_s: float, stall_s: float, seconds: float
-) -> list[tuple[float, float]]:
-    """20 ms blocks (1 s of speech, 0.5 s of silence, repeated) of which those due in
-    ``[stall_at_s, stall_at_s + stall_s)`` all arrive at its end; a pull every 40 ms. Returns
-    (time, wait) of every pulled tick."""
+def simulate_call(
+    buf: InputAudioBuffer,
+    clock: Clock,
+    *,
+    seconds: float,
+    arrival_s: Callable[[int], float],
+    speech: Callable[[int], bool],
+) -> tuple[list[tuple[float, float]], np.ndarray]:
+    """20 ms blocks, block ``i`` arriving at ``arrival_s(i)``; a pull every 40 ms at 13 ms into it.
+
+    Returns (time, wait) of every tick that pulled audio, and everything played, in order.
+    """
     blocks = round(seconds / 0.02)
-    arrivals = [
-        (
-            max(i * 0.02 + 0.005, stall_at_s + stall_s)
-            if stall_at_s <= i * 0.02 + 0.005 < stall_at_s + stall_s
-            else i * 0.02 + 0.005,
-            1,
-            i,
-        )
-        for i in range(blocks)
-    ]
+    arrivals = [(arrival_s(i), 1, i) for i in range(blocks)]
     ticks = [(k * 0.04 + 0.013, 0, k) for k in range(blocks // 2)]
-    waits = []
+    waits: list[tuple[float, float]] = []
+    played: list[np.ndarray] = []
     for t, kind, i in sorted(arrivals + ticks):
         clock.now_s = 100.0 + t
         if kind == 1:
-            buf.push(ramp(i * BLOCK), speech=(i * 0.02) % 1.5 < 1.0)
+            buf.push(ramp(i * BLOCK), speech=speech(i))
             continue
         pulled = buf.pull(TICK)
-        if pulled.waited_ms is not None:
-            waits.append((t, pulled.waited_ms))
+        if pulled.input_pos is not None:
+            played.append(pulled.samples)
+            if pulled.waited_ms is not None:
+                waits.append((t, pulled.waited_ms))
+    return waits, np.concatenate(played)
+
+
+def run_call_with_a_stall(
+    buf: InputAudioBuffer, clock: Clock, *, stall_at_s: float, stall_s: float, seconds: float
+) -> list[tuple[float, float]]:
+    """Blocks 5 ms into their period (1 s of speech, 0.5 s of silence, repeated), of which those due in
+    ``[stall_at_s, stall_at_s + stall_s)`` all arrive at its end. Returns (time, wait) of every tick."""
+    end_s = stall_at_s + stall_s
+
+    def arrival_s(i: int) -> float:
+        due = i * 0.02 + 0.005
+        return end_s if stall_at_s <= due < end_s else due
+
+    waits, _ = simulate_call(
+        buf, clock, seconds=seconds, arrival_s=arrival_s, speech=lambda i: (i * 0.02) % 1.5 < 1.0
+    )
     return waits
 
 
@@ -197,30 +216,14 @@ def test_shrunk_target_is_reached_by_trimming_silence_only() -> None:
 def run_steady_call(
     buf: InputAudioBuffer, clock: Clock, *, seconds: float, late_every: int = 0, late_s: float = 0.0
 ) -> tuple[list[float], np.ndarray]:
-    """20 ms blocks arriving 5 ms into their period (silent), a pull every 40 ms at 13 ms into it.
+    """Silent blocks arriving 5 ms into their period; every ``late_every``-th block (0: none) comes
+    ``late_s`` late. Returns the waits of the pulled audio and everything played, in order."""
 
-    Every ``late_every``-th block (0: none) comes ``late_s`` late. Returns the waits of the pulled audio and
-    everything played, in order.
-    """
-    blocks = round(seconds / 0.02)
-    arrivals = [
-        (i * 0.02 + 0.005 + (late_s if late_every and i % late_every == late_every - 1 else 0.0), 1, i)
-        for i in range(blocks)
-    ]
-    ticks = [(k * 0.04 + 0.013, 0, k) for k in range(blocks // 2)]
-    waits: list[float] = []
-    played: list[np.ndarray] = []
-    for t, kind, i in sorted(arrivals + ticks):
-        clock.now_s = 100.0 + t
-        if kind == 1:
-            buf.push(ramp(i * BLOCK), speech=False)
-            continue
-        pulled = buf.pull(TICK)
-        if pulled.input_pos is not None:
-            played.append(pulled.samples)
-            if pulled.waited_ms is not None:
-                waits.append(pulled.waited_ms)
-    return waits, np.concatenate(played)
+    def arrival_s(i: int) -> float:
+        return i * 0.02 + 0.005 + (late_s if late_every and i % late_every == late_every - 1 else 0.0)
+
+    waits, played = simulate_call(buf, clock, seconds=seconds, arrival_s=arrival_s, speech=lambda i: False)
+    return [w for _, w in waits], played
 
 
 def test_steady_arrivals_are_trimmed_to_the_least_wait() -> None:
