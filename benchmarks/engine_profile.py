@@ -7,13 +7,16 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
 * ``render``: :meth:`Wav2LipBackend.render` as the engine calls it (host prep, upload, graph, download,
   patch views), mean ms over ``--iters``; and its pieces timed with CUDA events on the backend's stream:
   upload (two pinned copies), replay (gather + network + paste), download;
-* the network alone (``decode(encode_audio(mel), feats)``, fp16 channels_last) captured in a CUDA graph;
-* each of: eager fp32 (the reference), eager fp16, fp16 with the conv units fused into single cuDNN calls
-  (:mod:`pipeline.wav2lip.fused`), all with the same random weights; every variant's patches against the
-  fp32 reference's (uint8 |difference|, max and mean);
-* the top CUDA kernels of the largest size's render (torch.profiler), to ``DIR/kernels.txt``;
-* per ``--modes`` (torch.compile modes, none by default), with and without fused units, the first build
-  from an empty cache and the whole render with that mode's kernels inside the backend's graphs.
+* the network alone (audio encoder + decoder on the gathered features, fp16 channels_last) captured in a
+  CUDA graph; the host's steps of a render (table rows, launch, wait) in microseconds;
+* each of: eager fp32 of the whole face (the reference), the fp16 graphs with fused conv units
+  (:mod:`pipeline.wav2lip.fused`) decoding the whole face, and the same decoding only the rows the paste
+  reads (:mod:`pipeline.wav2lip.rows`, the default), all with the same random weights; every variant's
+  patches against the fp32 reference's (uint8 |difference|, max and mean);
+* the top CUDA kernels of the largest size's render (torch.profiler) of both fp16 variants, to
+  ``DIR/kernels_<variant>.txt``;
+* per ``--modes`` (torch.compile modes, none by default), on the rows, without and with fused units, the
+  first build from an empty cache and the whole render with that mode's kernels inside the backend's graphs.
 
 Everything goes to stdout and ``DIR/engine_profile.json``. Stops starting new work after ``--deadline-s``.
 """
@@ -38,6 +41,8 @@ from pipeline.wav2lip.bench import random_items, synthetic_avatar
 from pipeline.wav2lip.compile_cache import CompileCache
 from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 from pipeline.wav2lip.model import Wav2Lip
+from pipeline.wav2lip.rows import decode_rows
+from pipeline.wav2lip.tables import batch_rows
 
 START_S = time.perf_counter()
 
@@ -103,8 +108,8 @@ def patch_error(reference: Wav2LipBackend, engine: Wav2LipBackend, items: list[A
     return {"vs_fp32_max": float(diff.max()), "vs_fp32_mean": float(diff.mean())}
 
 
-def decode(model: Any, mel: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
-    return model.decode(model.encode_audio(mel), feats)
+def network(backend: Wav2LipBackend, mel: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+    return decode_rows(backend.model, backend.model.encode_audio(mel), feats, backend.row_plan)
 
 
 def network_inputs(backend: Wav2LipBackend, size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -113,6 +118,22 @@ def network_inputs(backend: Wav2LipBackend, size: int) -> tuple[torch.Tensor, li
     rows = torch.arange(size, device="cuda") % backend._feats[0].shape[0]
     feats = [t.index_select(0, rows).contiguous(memory_format=fmt) for t in backend._feats]
     return mel, feats
+
+
+def host_pieces(backend: Wav2LipBackend, items: list[Any], iters: int) -> dict[str, float]:
+    """Host microseconds of a graph render's steps: the table rows, the launch (mel stack, uploads, replay,
+    download queued) and the wait for the stream, with no patch building in between."""
+    totals = np.zeros(3)
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        rows, _entries = batch_rows(backend._avatars, items)
+        t1 = time.perf_counter()
+        _canvases, finish = backend._launch_graph(rows, items)
+        t2 = time.perf_counter()
+        finish()
+        totals += [t1 - t0, t2 - t1, time.perf_counter() - t2]
+    rows_us, launch_us, wait_us = totals * 1e6 / iters
+    return {"host_rows_us": rows_us, "host_launch_us": launch_us, "host_wait_us": wait_us}
 
 
 def profile_kernels(backend: Wav2LipBackend, items: list[Any], path: Path) -> str:
@@ -145,22 +166,26 @@ def main() -> None:
 
     torch.manual_seed(0)
     weights = {"state_dict": Wav2Lip().state_dict()}  # one set of random weights for every variant
-    reference = Wav2LipBackend(
-        weights, device="cuda", dtype=torch.float32, batch_sizes=sizes, fuse_units=False
-    )
-    reference.add_avatar(avatar)
-    backend = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, fuse_units=False)
-    backend.add_avatar(avatar)
-    fused = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes)  # the default: fused units
-    fused.add_avatar(avatar)
-    variants = (("eager_fp32", reference), ("eager", backend), ("eager_fused", fused))
+    # eager fp32 of the whole face: the reference (and last round's baseline); then the fp16 fused graphs
+    # of the whole face (last round's default) and of the rows the paste reads (the default now)
+    configs: dict[str, dict[str, Any]] = {
+        "eager_fp32": {"dtype": torch.float32, "fuse_units": False, "crop_rows": False},
+        "fused_whole_face": {"crop_rows": False},
+        "fused_rows": {},
+    }
+    engines = {}
+    for label, kwargs in configs.items():
+        engines[label] = Wav2LipBackend(weights, device="cuda", batch_sizes=sizes, **kwargs)
+        engines[label].add_avatar(avatar)
+    reference = engines["eager_fp32"]
     for size in sizes:
         items = random_items(avatar, size, rng)
-        for label, engine in variants:
+        for label, engine in engines.items():
             row: dict[str, Any] = {"render_ms": mean_ms(partial(engine.render, items), args.iters)}
             row.update(render_pieces(engine, size, args.iters))
+            row.update(host_pieces(engine, items, args.iters))
             mel, feats = network_inputs(engine, size)
-            row["network_graph_ms"] = network_graph_ms(partial(decode, engine.model, mel, feats), args.iters)
+            row["network_graph_ms"] = network_graph_ms(partial(network, engine, mel, feats), args.iters)
             row["render_frames_per_s"] = size * 1000.0 / row["render_ms"]
             row.update(patch_error(reference, engine, items))
             doc["sizes"].setdefault(size, {})[label] = row
@@ -171,12 +196,15 @@ def main() -> None:
             )
     (args.out / "engine_profile.json").write_text(json.dumps(doc, indent=1))
     top = max(sizes)
-    for label, engine in variants[1:]:
-        table = profile_kernels(engine, random_items(avatar, top, rng), args.out / f"kernels_{label}.txt")
+    for label in ("fused_whole_face", "fused_rows"):
+        table = profile_kernels(
+            engines[label], random_items(avatar, top, rng), args.out / f"kernels_{label}.txt"
+        )
         print(f"{label}, batch {top}:\n" + "\n".join(table.splitlines()[:14]), flush=True)
+    del engines
 
-    for mode, fuse in [(m, f) for m in modes for f in (True, False)]:
-        label = mode if fuse else f"{mode}_unfused"
+    for mode, fuse in [(m, f) for m in modes for f in (False, True)]:
+        label = f"{mode}_rows_fused" if fuse else f"{mode}_rows"
         if elapsed_s() > args.deadline_s:
             print(f"{label}: skipped (deadline)", flush=True)
             continue
@@ -187,6 +215,7 @@ def main() -> None:
             batch_sizes=sizes,
             compile_cache=CompileCache(cache_dir),
             compile_mode=mode,
+            fuse_units=fuse,
         )
         compiled.add_avatar(avatar)
         for size in sizes:

@@ -22,7 +22,9 @@ With ``compile_cache`` given (CUDA), the audio encoder + decoder of every bucket
 kernels (:mod:`.compiled`) inside those graphs, built at a bucket's first render (or loaded from the
 cache); a compile that fails leaves the backend on its eager kernels, with a warning. Sizes that are not
 buckets always run eager (a new shape would mean a new compile).
-Memory: the cached features are 290,816 values per avatar frame (0.58 MB in fp16).
+The decoder runs only on the face rows the paste reads (:mod:`.rows`: rows 47..95 of 96 for the default
+mask, about two thirds of its work), so the cached features are cropped to the rows it reads: 163,328
+values per avatar frame (0.33 MB in fp16; all of them: 290,816).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
 from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
 from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
+from pipeline.wav2lip.rows import crop_features, decode_rows, first_face_row, plan_rows
 from pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
 
 logger = logging.getLogger(__name__)
@@ -101,7 +104,8 @@ class Wav2LipBackend:
         compile_cache: CompileCache | None = None,
         compile_mode: str = COMPILE_MODE,
         compiler: Compiler | None = None,
-        fuse_units: bool = True,
+        fuse_units: bool | None = None,
+        crop_rows: bool = True,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
 
@@ -110,7 +114,9 @@ class Wav2LipBackend:
         (:mod:`.range_check`); if any layer comes near the float16 limit the backend switches to fp32.
 
         ``compile_cache``: compile the buckets' network kernels (:mod:`.compiled`), caching them there; None
-        renders with eager kernels. ``compiler`` replaces ``torch.compile`` (tests).
+        renders with eager kernels. ``compiler`` replaces ``torch.compile`` (tests). ``fuse_units``: conv
+        units as single cuDNN calls on CUDA (:mod:`.fused`); None fuses them for eager kernels only.
+        ``crop_rows``: decode only the face rows the paste reads (:mod:`.rows`); False decodes all 96.
         """
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
@@ -129,11 +135,15 @@ class Wav2LipBackend:
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         model = fold_batchnorm(load_wav2lip(checkpoint, map_location="cpu"))
         # Eager CUDA only: compiled kernels fuse on their own (H200 b128: 29.4k f/s compiled, 29.0k fused)
-        model = fuse_conv_units(model) if self._cuda and fuse_units and compile_cache is None else model
+        fuse = compile_cache is None if fuse_units is None else fuse_units
+        model = fuse_conv_units(model) if self._cuda and fuse else model
         self.model = model.to(self.device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.requires_grad_(False)
         self.mask_top_fraction = mask_top_fraction
         self._mask = face_mask(feather_px, mask_top_fraction, device=self.device)
+        self.row_plan = plan_rows(self.model, first_face_row(mask_top_fraction) if crop_rows else 0)
+        if self.row_plan.first_row and bool(self._mask[:, :, : self.row_plan.first_row + 1].any()):
+            raise ValueError(f"the blend mask reaches face row {self.row_plan.first_row}: decode more rows")
         self._avatars: dict[str, AvatarEntry] = {}
         self._feats: list[torch.Tensor] = []  # 7 x (F, C, H, W) over all avatar frames
         self._base = torch.empty(0, 3, 0, 0, dtype=torch.uint8, device=self.device)
@@ -219,7 +229,7 @@ class Wav2LipBackend:
             return
         key = environment_key(self.device, self.dtype, self.compile_mode)
         self.compiled = CompiledDecoder(
-            self.model, key, self._compile_cache, self.batch_sizes, compiler=self._compiler
+            self.model, key, self._compile_cache, self.batch_sizes, self.row_plan, compiler=self._compiler
         )
 
     def _network(self, audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -234,7 +244,7 @@ class Wav2LipBackend:
                     "torch.compile failed (%s: %s): rendering with eager kernels", type(e).__name__, e
                 )
                 self.compiled = None
-        return self.model.decode(self.model.encode_audio(audio), feats)
+        return decode_rows(self.model, self.model.encode_audio(audio), feats, self.row_plan)
 
     def _encode_faces(self, inputs: npt.NDArray[np.float32]) -> list[torch.Tensor]:
         chunks: list[list[torch.Tensor]] = [[] for _ in range(N_FACE_FEATURES)]
@@ -243,7 +253,8 @@ class Wav2LipBackend:
             x = x.to(self.dtype).contiguous(memory_format=self.memory_format)
             for level, feat in enumerate(self.model.encode_face(x)):
                 chunks[level].append(feat)
-        return [torch.cat(c).contiguous(memory_format=self.memory_format) for c in chunks]
+        feats = [torch.cat(c).contiguous(memory_format=self.memory_format) for c in chunks]
+        return crop_features(feats, self.row_plan)
 
     def remove_avatar(self, name: str) -> None:
         with self._lock, torch.no_grad():

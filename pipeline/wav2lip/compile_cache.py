@@ -33,7 +33,7 @@ from pipeline.defaults import COMPILE_MODE
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when what lipcast compiles (the graph's boundaries, options) changes
+CACHE_FORMAT = 2  # bump when what lipcast compiles (the graph's boundaries, options) changes; 2: rows.py
 MANIFEST_NAME = "manifest.json"
 # "default": Inductor's fusion without autotuning: 45 s for 4 batch sizes on the H200. max-autotune (without
 # its CUDA graphs: lipcast captures its own around the kernels) autotunes every convolution: over a minute for

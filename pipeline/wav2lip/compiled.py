@@ -2,7 +2,7 @@
 
 What is compiled is the per-frame network work on cached face features,
 
-    face = model.decode(model.encode_audio(mel), feats)    # (N,1,80,16), 7 feats -> (N,3,96,96)
+    face = decode_rows(model, model.encode_audio(mel), feats, plan)  # (N,1,80,16), 7 feats -> (N,3,R,96)
 
 with ``dynamic=False`` (one specialised graph per batch size, the engine's fixed buckets) in mode
 :data:`~pipeline.defaults.COMPILE_MODE` (``default``: Inductor fuses the bias, residual adds, ReLUs and
@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
+from pipeline.wav2lip.fused import register_fake_kernels
 from pipeline.wav2lip.model import Wav2Lip
+from pipeline.wav2lip.rows import RowPlan, decode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,8 @@ def _raise_recompile_limit(needed: int) -> None:
 
 
 class CompiledDecoder:
-    """The compiled ``decode(encode_audio(mel), feats)`` of one model and dtype, with its cache bookkeeping.
+    """The compiled ``decode_rows(encode_audio(mel), feats)`` of one model, dtype and row plan (:mod:`.rows`),
+    with its cache bookkeeping.
 
     ``compiler`` is ``torch.compile`` (tests pass a stand-in: a real compile on a CPU takes minutes).
     Sizes are recorded in the cache manifest once their first call (the compile) has returned.
@@ -69,6 +72,7 @@ class CompiledDecoder:
         key: CompileKey,
         cache: CompileCache,
         batch_sizes: Sequence[int],
+        plan: RowPlan,
         *,
         compiler: Compiler | None = None,
     ) -> None:
@@ -84,9 +88,10 @@ class CompiledDecoder:
         self.status.directory.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
         _raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+        register_fake_kernels()  # the model's conv units may be fused ones
 
         def decode(audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
-            return model.decode(model.encode_audio(audio), feats)
+            return decode_rows(model, model.encode_audio(audio), feats, plan)
 
         compile_fn: Compiler = compiler or torch.compile
         self._fn: DecodeFn = compile_fn(decode, mode=key.mode, dynamic=False, fullgraph=True)

@@ -5,6 +5,10 @@ convolution with bias, an optional residual add of its input and a ReLU: three k
 them full passes over the activation. ``torch.cudnn_convolution_relu`` and
 ``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a CPU, or when the convolution has
 forward hooks (:mod:`.range_check` watches every convolution's output), the unit runs as before.
+
+``torch.compile`` can trace the fused units once :func:`register_fake_kernels` has given the two ops their
+shape functions (torch has none): Inductor then calls them as external kernels and fuses what lies between
+them (the transposed convolutions' bias and ReLU, the skip concatenations).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import nn
 from pipeline.wav2lip.model import ConvUnit
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
+_fakes_registered = False
 
 
 class FusedConvUnit(nn.Module):
@@ -64,3 +69,39 @@ def fuse_conv_units(model: ModuleT) -> ModuleT:
             if isinstance(child, ConvUnit):
                 setattr(parent, name, FusedConvUnit(child))
     return fused
+
+
+def register_fake_kernels() -> None:
+    """Shape functions for ``cudnn_convolution_relu`` and ``cudnn_convolution_add_relu`` (once per
+    process): the output of the plain convolution, in its memory format."""
+    global _fakes_registered
+    if _fakes_registered:
+        return
+
+    @torch.library.register_fake("aten::cudnn_convolution_relu")
+    def _conv_relu(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        groups: int,
+    ) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @torch.library.register_fake("aten::cudnn_convolution_add_relu")
+    def _conv_add_relu(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        z: torch.Tensor,
+        alpha: float | None,
+        bias: torch.Tensor | None,
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        groups: int,
+    ) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    _fakes_registered = True

@@ -47,17 +47,25 @@ def first_blended_row(box_height_px: int, top_fraction: float = DEFAULT_MASK_TOP
     return max(0, min(box_height_px - 1, first_row - 1))
 
 
-def box_grid(box_geometry: torch.Tensor, canvas_h: int, canvas_w: int) -> torch.Tensor:
+def box_grid(
+    box_geometry: torch.Tensor, canvas_h: int, canvas_w: int, first_face_row: int = 0
+) -> torch.Tensor:
     """Sampling grid ``(N, canvas_h, canvas_w, 2)`` mapping canvas pixels into 96x96 face space.
 
     ``box_geometry``: ``(N, 3)`` float32 box height, box width and first row (canvas row 0 is that box
-    row), in pixels.
+    row), in pixels. With ``first_face_row`` the grid samples a face of rows ``first_face_row..95`` only
+    (:mod:`.rows`): box row ``y`` still lands on face row ``(y + 0.5) 96 / h - 0.5``, and positions above
+    the first row clamp to it (border padding).
     """
     device = box_geometry.device
     ys = torch.arange(canvas_h, device=device, dtype=torch.float32) + 0.5
     xs = torch.arange(canvas_w, device=device, dtype=torch.float32) + 0.5
     box_ys = ys[None, :] + box_geometry[:, 2:3]  # (N, canvas_h) box rows
-    gy = 2.0 * box_ys / box_geometry[:, 0:1] - 1.0  # (N, canvas_h)
+    if first_face_row:
+        face_ys = box_ys * (FACE_SIZE_PX / box_geometry[:, 0:1]) - first_face_row
+        gy = 2.0 * face_ys / (FACE_SIZE_PX - first_face_row) - 1.0  # (N, canvas_h)
+    else:
+        gy = 2.0 * box_ys / box_geometry[:, 0:1] - 1.0
     gx = 2.0 * xs[None, :] / box_geometry[:, 1:2] - 1.0  # (N, canvas_w)
     n = box_geometry.shape[0]
     return torch.stack(
@@ -74,16 +82,18 @@ def paste_faces(
 ) -> torch.Tensor:
     """Blend generated faces into the original face regions.
 
-    ``face_bgr``: (N, 3, 96, 96) network output in [0, 1], BGR. ``base_rgb``: (N, 3, Hc, Wc) uint8 original
-    box rows ``row0..h``, top-left aligned. ``box_geometry``: (N, 3) float32 h, w, row0 (see
+    ``face_bgr``: (N, 3, R, 96) network output in [0, 1], BGR: face rows ``96 - R..95`` (R = 96: the whole
+    face; fewer: :mod:`.rows`, where the mask is zero above them). ``base_rgb``: (N, 3, Hc, Wc) uint8
+    original box rows ``row0..h``, top-left aligned. ``box_geometry``: (N, 3) float32 h, w, row0 (see
     :func:`box_grid`). ``mask``: (1, 1, 96, 96) float32.
     Returns (N, Hc, Wc, 3) uint8 RGB; pixels outside an item's region are the base unchanged.
     """
     n, _, canvas_h, canvas_w = base_rgb.shape
-    rgba = torch.cat((face_bgr.float().flip(1), mask.expand(n, 1, -1, -1)), dim=1)
+    first_face_row = FACE_SIZE_PX - face_bgr.shape[2]
+    rgba = torch.cat((face_bgr.float().flip(1), mask[:, :, first_face_row:].expand(n, 1, -1, -1)), dim=1)
     sampled = F.grid_sample(
         rgba,
-        box_grid(box_geometry, canvas_h, canvas_w),
+        box_grid(box_geometry, canvas_h, canvas_w, first_face_row),
         mode="bilinear",
         padding_mode="border",
         align_corners=False,
