@@ -6,7 +6,7 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
 
 * ``render``: :meth:`Wav2LipBackend.render` as the engine calls it (host prep, upload, graph, download,
   patch views), mean ms over ``--iters``; and its pieces timed with CUDA events on the backend's stream:
-  upload (two pinned copies), replay (gather + network + paste), download;
+  upload (one pinned copy), replay (gather + network + paste), download;
 * the network alone (audio encoder + decoder on the gathered features, fp16 channels_last) captured in a
   CUDA graph; the host's steps of a render (table rows, launch, wait) in microseconds;
 * each of: eager fp32 of the whole face (the reference), the fp16 graphs with fused conv units
@@ -68,22 +68,23 @@ def render_pieces(backend: Wav2LipBackend, size: int, iters: int) -> dict[str, f
     stream = backend._stream
     assert stream is not None
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-    totals = np.zeros(3)
+    totals = np.zeros(4)
     out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
     for _ in range(iters):
         with torch.cuda.stream(stream):
             marks[0].record(stream)
-            bucket.mel.copy_(bucket.mel_host, non_blocking=True)
-            bucket.rows.copy_(bucket.rows_host, non_blocking=True)
+            bucket.upload.copy_(bucket.upload_host, non_blocking=True)
             marks[1].record(stream)
+            t0 = time.perf_counter()
             bucket.graph.replay()
+            call_s = time.perf_counter() - t0
             marks[2].record(stream)
             out_host.copy_(bucket.out, non_blocking=True)
             marks[3].record(stream)
         stream.synchronize()
-        totals += [marks[i].elapsed_time(marks[i + 1]) for i in range(3)]
-    upload, replay, download = totals / iters
-    return {"upload_ms": upload, "replay_ms": replay, "download_ms": download}
+        totals += [*(marks[i].elapsed_time(marks[i + 1]) for i in range(3)), call_s * 1e3]
+    upload, replay, download, call = totals / iters
+    return {"upload_ms": upload, "replay_ms": replay, "download_ms": download, "replay_call_us": call * 1e3}
 
 
 def network_graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float:

@@ -15,6 +15,27 @@ from pipeline.backend import RenderedPatch
 from pipeline.easing import smoothstep
 
 
+def feathered_box_profiles(
+    height: int,
+    width: int,
+    feather_px: float,
+    *,
+    top_fraction: float = 0.0,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and column factors ``(height,)`` and ``(width,)`` of :func:`feathered_box_mask` (it is their
+    outer product)."""
+    if feather_px <= 0:
+        raise ValueError("feather_px must be positive")
+    ys = torch.arange(height, device=device, dtype=dtype) + 0.5
+    xs = torch.arange(width, device=device, dtype=dtype) + 0.5
+    top = top_fraction * height
+    wy = smoothstep(top, top + feather_px, ys) * smoothstep(height, height - feather_px, ys)
+    wx = smoothstep(0.0, feather_px, xs) * smoothstep(width, width - feather_px, xs)
+    return wy, wx
+
+
 def feathered_box_mask(
     height: int,
     width: int,
@@ -29,13 +50,9 @@ def feathered_box_mask(
     ``top_fraction`` moves the top edge down to that fraction of the height (0.5 keeps the lower half, the
     part of a face that lip-sync changes); the ramp then starts there.
     """
-    if feather_px <= 0:
-        raise ValueError("feather_px must be positive")
-    ys = torch.arange(height, device=device, dtype=dtype) + 0.5
-    xs = torch.arange(width, device=device, dtype=dtype) + 0.5
-    top = top_fraction * height
-    wy = smoothstep(top, top + feather_px, ys) * smoothstep(height, height - feather_px, ys)
-    wx = smoothstep(0.0, feather_px, xs) * smoothstep(width, width - feather_px, xs)
+    wy, wx = feathered_box_profiles(
+        height, width, feather_px, top_fraction=top_fraction, device=device, dtype=dtype
+    )
     return (wy[:, None] * wx[None, :])[None, None]
 
 

@@ -16,7 +16,7 @@ On CUDA: fp16 (default), channels_last, conv units as single cuDNN calls (:mod:`
 autotuning (``torch.backends.cudnn.benchmark``, process-wide), a dedicated stream, pinned host buffers and
 one CUDA graph per batch size in ``batch_sizes``. A graph covers everything on the device (the gather of
 the items' cached features and face pixels from the global tables, audio encoder, decoder and paste), so a
-render is two small uploads, one replay and one download. Adding or removing an avatar recaptures the graphs
+render is one small upload, one replay and one download. Adding or removing an avatar recaptures the graphs
 (they hold the tables' addresses) at once. On the CPU: fp32, the same code without graphs.
 With ``compile_cache`` given (CUDA), the audio encoder + decoder of every bucket run as ``torch.compile``
 kernels (:mod:`.compiled`) inside those graphs, built at a bucket's first render (or loaded from the
@@ -55,7 +55,14 @@ from pipeline.wav2lip.fused import fuse_conv_units
 from pipeline.wav2lip.gather import gather_rows
 from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from pipeline.wav2lip.model import N_FACE_FEATURES
-from pipeline.wav2lip.paste import DEFAULT_FEATHER_PX, DEFAULT_MASK_TOP_FRACTION, face_mask, paste_faces
+from pipeline.wav2lip.paste import (
+    DEFAULT_FEATHER_PX,
+    DEFAULT_MASK_TOP_FRACTION,
+    face_mask,
+    face_mask_profiles,
+    paste_faces,
+    paste_table,
+)
 from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
 from pipeline.wav2lip.rows import crop_features, decode_rows, first_face_row, plan_rows
 from pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
@@ -73,8 +80,8 @@ class _Bucket:
     face-box pixels and geometry from the avatar tables itself, so one replay does all the device work; it
     holds the tables' addresses, so every change to the tables recaptures it."""
 
-    mel_host: torch.Tensor  # (N, 1, 80, 16) float32, pinned
-    rows_host: torch.Tensor  # (N,) int64, pinned
+    upload_host: torch.Tensor  # pinned float32: the mel windows, then the rows (as int64), one copy
+    upload: torch.Tensor  # its device twin; ``mel`` and ``rows`` are views of it
     mel: torch.Tensor  # (N, 1, 80, 16) float32, device
     rows: torch.Tensor  # (N,) int64, device
     out: torch.Tensor  # (N, Hc, Wc, 3) uint8, device (the graph's output)
@@ -140,14 +147,16 @@ class Wav2LipBackend:
         self.model = model.to(self.device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.requires_grad_(False)
         self.mask_top_fraction = mask_top_fraction
-        self._mask = face_mask(feather_px, mask_top_fraction, device=self.device)
+        self._mask_profiles = face_mask_profiles(feather_px, mask_top_fraction, device=self.device)
         self.row_plan = plan_rows(self.model, first_face_row(mask_top_fraction) if crop_rows else 0)
-        if self.row_plan.first_row and bool(self._mask[:, :, : self.row_plan.first_row + 1].any()):
+        mask = face_mask(feather_px, mask_top_fraction)
+        if self.row_plan.first_row and bool(mask[:, :, : self.row_plan.first_row + 1].any()):
             raise ValueError(f"the blend mask reaches face row {self.row_plan.first_row}: decode more rows")
         self._avatars: dict[str, AvatarEntry] = {}
         self._feats: list[torch.Tensor] = []  # 7 x (F, C, H, W) over all avatar frames
         self._base = torch.empty(0, 3, 0, 0, dtype=torch.uint8, device=self.device)
-        self._geometry = torch.empty(0, 3, dtype=torch.float32, device=self.device)
+        self._geometry = torch.empty(0, 3, dtype=torch.float32, device=self.device)  # box h, w, first row
+        self._paste = torch.empty(0, 0, dtype=torch.float32, device=self.device)  # paste_table rows
         self._canvas_hw = (0, 0)
         self._buckets: dict[int, _Bucket] = {}
         self._compile_cache = compile_cache
@@ -208,9 +217,14 @@ class Wav2LipBackend:
             )
             self._base = torch.cat((self._base, base_t))
             self._geometry = torch.cat((self._geometry, geometry.to(self.device)))
+            self._paste = self._paste_table()
         self._sync()
         self._avatars[avatar.name] = AvatarEntry(offset, avatar.frame_count, boxes, canvas.first_rows)
         logger.info("wav2lip avatar %r: %d frames encoded", avatar.name, avatar.frame_count)
+
+    def _paste_table(self) -> torch.Tensor:
+        """Every avatar frame's paste row (:func:`.paste.paste_table`) for the current canvas."""
+        return paste_table(self._geometry, *self._canvas_hw, self._mask_profiles, self.row_plan.first_row)
 
     def _use_fp32(self) -> None:
         """Switch the model and the cached tables to float32 (graphs are recaptured by the caller)."""
@@ -271,6 +285,7 @@ class Wav2LipBackend:
             self._feats = [gather_rows(t, keep) for t in self._feats]
             self._base = self._base.index_select(0, keep)
             self._geometry = self._geometry.index_select(0, keep)
+            self._paste = self._paste_table()
         self._sync()
 
     # -- rendering -----------------------------------------------------------------------------------------
@@ -280,12 +295,12 @@ class Wav2LipBackend:
         mel: torch.Tensor,
         feats: Sequence[torch.Tensor],
         base: torch.Tensor,
-        geometry: torch.Tensor,
+        paste: torch.Tensor,
     ) -> torch.Tensor:
         """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases."""
         audio = mel.to(self.dtype).contiguous(memory_format=self.memory_format)
         face = self._network(audio, feats)
-        return paste_faces(face, base, geometry, self._mask)
+        return paste_faces(face, base, paste)
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
         """Render a batch; one patch per item, in order: RGB uint8 rows ``row0..h`` of the padded face box.
@@ -324,7 +339,7 @@ class Wav2LipBackend:
             mel = torch.from_numpy(mels).to(self.device)[:, None]
             feats = [gather_rows(t, index) for t in self._feats]
             out = self._compute(
-                mel, feats, self._base.index_select(0, index), self._geometry.index_select(0, index)
+                mel, feats, self._base.index_select(0, index), self._paste.index_select(0, index)
             )
             result = out.cpu().numpy()
         return result
@@ -337,11 +352,13 @@ class Wav2LipBackend:
         if stream is None:
             raise RuntimeError("CUDA graphs need a CUDA device")
         bucket = self._buckets.get(len(rows)) or self._capture(len(rows))
-        np.stack([item.conditioning for item in items], out=bucket.mel_host.numpy()[:, 0])
-        bucket.rows_host.copy_(torch.from_numpy(rows))
+        host = bucket.upload_host.numpy()
+        mel_values = bucket.mel.numel()
+        mel_host = host[:mel_values].reshape(-1, *CONDITIONING_SHAPE)
+        np.stack([item.conditioning for item in items], out=mel_host)
+        host[mel_values:].view(np.int64)[:] = rows
         with torch.cuda.stream(stream):
-            bucket.mel.copy_(bucket.mel_host, non_blocking=True)
-            bucket.rows.copy_(bucket.rows_host, non_blocking=True)
+            bucket.upload.copy_(bucket.upload_host, non_blocking=True)
             bucket.graph.replay()
             # torch's caching pinned allocator; back when the last patch view goes (copies: 2x slower)
             out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
@@ -351,9 +368,7 @@ class Wav2LipBackend:
     def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""
         feats = [gather_rows(t, rows) for t in self._feats]  # channels_last on CUDA, no extra copy
-        return self._compute(
-            mel, feats, self._base.index_select(0, rows), self._geometry.index_select(0, rows)
-        )
+        return self._compute(mel, feats, self._base.index_select(0, rows), self._paste.index_select(0, rows))
 
     def _recapture(self) -> None:
         """The tables moved (an avatar came or went): recapture every graph now, off the hot path."""
@@ -368,8 +383,10 @@ class Wav2LipBackend:
         if not self._avatars or self._stream is None:
             raise RuntimeError("add an avatar before rendering")
         dev = self.device
-        mel = torch.zeros(size, 1, *CONDITIONING_SHAPE, device=dev)
-        rows = torch.zeros(size, dtype=torch.int64, device=dev)
+        mel_values = size * int(np.prod(CONDITIONING_SHAPE))
+        upload = torch.zeros(mel_values + 2 * size, dtype=torch.float32, device=dev)  # int64 = 2 float32
+        mel = upload[:mel_values].view(size, 1, *CONDITIONING_SHAPE)
+        rows = upload[mel_values:].view(torch.int64)
         self._stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._stream):
             for _ in range(CAPTURE_WARMUP_ITERS):
@@ -379,8 +396,8 @@ class Wav2LipBackend:
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             out = self._gathered_compute(mel, rows)
         bucket = _Bucket(
-            mel_host=torch.zeros(mel.shape, pin_memory=True),
-            rows_host=torch.zeros(size, dtype=torch.int64, pin_memory=True),
+            upload_host=torch.zeros(upload.shape, pin_memory=True),
+            upload=upload,
             mel=mel,
             rows=rows,
             out=out,

@@ -8,6 +8,12 @@ rest of the canvas is ignored by the caller. Resampling uses
 is the half-pixel mapping of ``cv2.resize(..., INTER_LINEAR)``. The lower-face blend mask is drawn once in
 96x96 face space (:func:`pipeline.compositing.feathered_box_mask`) and resampled with the face, so its
 feather scales with the box. Everything runs in float32 whatever the network's dtype.
+
+What depends only on an avatar frame's box is computed once per frame (:func:`paste_table`): the grid is
+separable (a row coordinate per canvas row, a column coordinate per canvas column), and so is the blend
+weight, because the mask is an outer product of a row and a column profile and bilinear resampling on a
+separable grid keeps it one (the part of the canvas outside the box is a row and a column cut-off). A
+render then gathers one small row per item instead of building the grid and the mask anew.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.compositing import blend, feathered_box_mask
+from pipeline.compositing import blend, feathered_box_mask, feathered_box_profiles
 from pipeline.wav2lip.model import FACE_SIZE_PX
 
 DEFAULT_FEATHER_PX = 8.0  # in 96x96 face pixels (~8 % of the box)
@@ -35,6 +41,17 @@ def face_mask(
     )
 
 
+def face_mask_profiles(
+    feather_px: float = DEFAULT_FEATHER_PX,
+    top_fraction: float = DEFAULT_MASK_TOP_FRACTION,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and column profiles ``(96,)`` of :func:`face_mask` (it is their outer product)."""
+    return feathered_box_profiles(
+        FACE_SIZE_PX, FACE_SIZE_PX, feather_px, top_fraction=top_fraction, device=device
+    )
+
+
 def first_blended_row(box_height_px: int, top_fraction: float = DEFAULT_MASK_TOP_FRACTION) -> int:
     """The first box row whose resampled blend mask may be non-zero; rows above it keep the original.
 
@@ -47,15 +64,16 @@ def first_blended_row(box_height_px: int, top_fraction: float = DEFAULT_MASK_TOP
     return max(0, min(box_height_px - 1, first_row - 1))
 
 
-def box_grid(
+def box_axes(
     box_geometry: torch.Tensor, canvas_h: int, canvas_w: int, first_face_row: int = 0
-) -> torch.Tensor:
-    """Sampling grid ``(N, canvas_h, canvas_w, 2)`` mapping canvas pixels into 96x96 face space.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid's row and column coordinates, ``(N, canvas_h)`` and ``(N, canvas_w)``, in grid_sample's
+    normalised face space.
 
     ``box_geometry``: ``(N, 3)`` float32 box height, box width and first row (canvas row 0 is that box
-    row), in pixels. With ``first_face_row`` the grid samples a face of rows ``first_face_row..95`` only
-    (:mod:`.rows`): box row ``y`` still lands on face row ``(y + 0.5) 96 / h - 0.5``, and positions above
-    the first row clamp to it (border padding).
+    row), in pixels. With ``first_face_row`` the coordinates address a face of rows ``first_face_row..95``
+    only (:mod:`.rows`): box row ``y`` still lands on face row ``(y + 0.5) 96 / h - 0.5``, and positions
+    above the first row clamp to it (border padding).
     """
     device = box_geometry.device
     ys = torch.arange(canvas_h, device=device, dtype=torch.float32) + 0.5
@@ -63,47 +81,81 @@ def box_grid(
     box_ys = ys[None, :] + box_geometry[:, 2:3]  # (N, canvas_h) box rows
     if first_face_row:
         face_ys = box_ys * (FACE_SIZE_PX / box_geometry[:, 0:1]) - first_face_row
-        gy = 2.0 * face_ys / (FACE_SIZE_PX - first_face_row) - 1.0  # (N, canvas_h)
+        gy = 2.0 * face_ys / (FACE_SIZE_PX - first_face_row) - 1.0
     else:
         gy = 2.0 * box_ys / box_geometry[:, 0:1] - 1.0
-    gx = 2.0 * xs[None, :] / box_geometry[:, 1:2] - 1.0  # (N, canvas_w)
-    n = box_geometry.shape[0]
-    return torch.stack(
-        (gx[:, None, :].expand(n, canvas_h, canvas_w), gy[:, :, None].expand(n, canvas_h, canvas_w)),
-        dim=-1,
-    )
+    gx = 2.0 * xs[None, :] / box_geometry[:, 1:2] - 1.0
+    return gy, gx
 
 
-def paste_faces(
-    face_bgr: torch.Tensor,
-    base_rgb: torch.Tensor,
-    box_geometry: torch.Tensor,
-    mask: torch.Tensor,
+def axes_grid(gy: torch.Tensor, gx: torch.Tensor) -> torch.Tensor:
+    """The sampling grid ``(N, H, W, 2)`` (x first, as grid_sample wants) of row and column coordinates."""
+    n, height, width = gy.shape[0], gy.shape[1], gx.shape[1]
+    return torch.stack((gx[:, None, :].expand(n, height, width), gy[:, :, None].expand(n, height, width)), -1)
+
+
+def box_grid(
+    box_geometry: torch.Tensor, canvas_h: int, canvas_w: int, first_face_row: int = 0
 ) -> torch.Tensor:
+    """Sampling grid ``(N, canvas_h, canvas_w, 2)``: canvas pixels in face space (:func:`box_axes`)."""
+    return axes_grid(*box_axes(box_geometry, canvas_h, canvas_w, first_face_row))
+
+
+def _resample_1d(profile: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """``profile`` (L,) sampled at grid coordinates ``coords`` (N, M) as grid_sample samples (bilinear,
+    border, align_corners=False) an image one row high."""
+    n, m = coords.shape
+    image = profile.view(1, 1, 1, -1).expand(n, 1, 1, -1)
+    grid = torch.stack((coords, torch.zeros_like(coords)), dim=-1)[:, None]  # (N, 1, M, 2)
+    out = F.grid_sample(image, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.view(n, m)
+
+
+def paste_table(
+    box_geometry: torch.Tensor,
+    canvas_h: int,
+    canvas_w: int,
+    profiles: tuple[torch.Tensor, torch.Tensor],
+    first_face_row: int = 0,
+) -> torch.Tensor:
+    """What the paste of each frame needs, one float32 row per frame: ``(N, 2 (canvas_h + canvas_w))``.
+
+    Packed as the grid's row coordinates (canvas_h), its column coordinates (canvas_w), the blend weight's
+    row factor (canvas_h) and its column factor (canvas_w). ``profiles``: :func:`face_mask_profiles`. The
+    weight is zero outside the item's region (rows below the box, columns right of it) and, with
+    ``first_face_row``, wherever the full-face mask is (rows above it clamp to a zero row).
+    """
+    gy, gx = box_axes(box_geometry, canvas_h, canvas_w, first_face_row)
+    rows_profile, cols_profile = profiles
+    wy = _resample_1d(rows_profile[first_face_row:].float(), gy)
+    wx = _resample_1d(cols_profile.float(), gx)
+    rows = torch.arange(canvas_h, device=gy.device, dtype=torch.float32)
+    cols = torch.arange(canvas_w, device=gy.device, dtype=torch.float32)
+    region_h = box_geometry[:, 0:1] - box_geometry[:, 2:3]
+    wy = wy * (rows[None, :] < region_h).float()
+    wx = wx * (cols[None, :] < box_geometry[:, 1:2]).float()
+    return torch.cat((gy, gx, wy, wx), dim=1).contiguous()
+
+
+def paste_faces(face_bgr: torch.Tensor, base_rgb: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Blend generated faces into the original face regions.
 
     ``face_bgr``: (N, 3, R, 96) network output in [0, 1], BGR: face rows ``96 - R..95`` (R = 96: the whole
     face; fewer: :mod:`.rows`, where the mask is zero above them). ``base_rgb``: (N, 3, Hc, Wc) uint8
-    original box rows ``row0..h``, top-left aligned. ``box_geometry``: (N, 3) float32 h, w, row0 (see
-    :func:`box_grid`). ``mask``: (1, 1, 96, 96) float32.
+    original box rows ``row0..h``, top-left aligned. ``table``: (N, 2 (Hc + Wc)) rows of :func:`paste_table`
+    made with the same first face row.
     Returns (N, Hc, Wc, 3) uint8 RGB; pixels outside an item's region are the base unchanged.
     """
-    n, _, canvas_h, canvas_w = base_rgb.shape
-    first_face_row = FACE_SIZE_PX - face_bgr.shape[2]
-    rgba = torch.cat((face_bgr.float().flip(1), mask[:, :, first_face_row:].expand(n, 1, -1, -1)), dim=1)
+    canvas_h, canvas_w = base_rgb.shape[2], base_rgb.shape[3]
+    gy, gx, wy, wx = torch.split(table, [canvas_h, canvas_w, canvas_h, canvas_w], dim=1)
     sampled = F.grid_sample(
-        rgba,
-        box_grid(box_geometry, canvas_h, canvas_w, first_face_row),
+        face_bgr.float().flip(1),
+        axes_grid(gy, gx),
         mode="bilinear",
         padding_mode="border",
         align_corners=False,
     )
-    rows = torch.arange(canvas_h, device=base_rgb.device, dtype=torch.float32)
-    cols = torch.arange(canvas_w, device=base_rgb.device, dtype=torch.float32)
-    region_h = box_geometry[:, 0] - box_geometry[:, 2]
-    inside = (rows[None, :, None] < region_h[:, None, None]) & (
-        cols[None, None, :] < box_geometry[:, 1, None, None]
-    )
-    alpha = sampled[:, 3:4] * inside[:, None].float()
-    out = blend(base_rgb.float(), sampled[:, :3] * 255.0, alpha)
-    return out.round_().clamp_(0.0, 255.0).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    alpha = (wy[:, :, None] * wx[:, None, :])[:, None]
+    # both ends of the blend lie in [0, 255], so the rounded result does too
+    out = blend(base_rgb.float(), sampled * 255.0, alpha)
+    return out.round_().permute(0, 2, 3, 1).to(torch.uint8, memory_format=torch.contiguous_format)

@@ -14,7 +14,14 @@ from pipeline.wav2lip.bench import random_items, synthetic_avatar
 from pipeline.wav2lip.fold import fold_batchnorm
 from pipeline.wav2lip.fused import fuse_conv_units
 from pipeline.wav2lip.model import FACE_SIZE_PX, Wav2Lip
-from pipeline.wav2lip.paste import box_grid, face_mask, first_blended_row, paste_faces
+from pipeline.wav2lip.paste import (
+    box_grid,
+    face_mask,
+    face_mask_profiles,
+    first_blended_row,
+    paste_faces,
+    paste_table,
+)
 from pipeline.wav2lip.rows import (
     crop_features,
     decode_rows,
@@ -130,18 +137,46 @@ def test_the_rows_grid_never_blends_above_the_decoded_rows(top_fraction: float) 
         assert torch.all(sampled[: first_blended_row(height, top_fraction)] == 0), height
 
 
+def _boxes(rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    heights, widths = (150, 61, 97), (140, 70, 33)
+    geometry = torch.tensor(
+        [[h, w, first_blended_row(h)] for h, w in zip(heights, widths, strict=True)], dtype=torch.float32
+    )
+    canvas_hw = (int(max(h - first_blended_row(h) for h in heights)) + 3, max(widths) + 5)
+    base = torch.from_numpy(rng.integers(0, 256, (3, 3, *canvas_hw), dtype=np.uint8))
+    return geometry, base, canvas_hw
+
+
+@pytest.mark.parametrize("first_row", [0, 47])
+def test_the_separable_table_is_the_resampled_mask_inside_the_region(first_row: int) -> None:
+    geometry, _base, (canvas_h, canvas_w) = _boxes(np.random.default_rng(3))
+    table = paste_table(geometry, canvas_h, canvas_w, face_mask_profiles(), first_row)
+    _gy, _gx, wy, wx = torch.split(table, (canvas_h, canvas_w, canvas_h, canvas_w), dim=1)
+    mask = face_mask()[:, :, first_row:].expand(3, 1, -1, -1)
+    resampled = F.grid_sample(
+        mask, box_grid(geometry, canvas_h, canvas_w, first_row), padding_mode="border", align_corners=False
+    )[:, 0]
+    rows = torch.arange(canvas_h)[None, :, None] < (geometry[:, 0] - geometry[:, 2])[:, None, None]
+    cols = torch.arange(canvas_w)[None, None, :] < geometry[:, 1, None, None]
+    expected = resampled * (rows & cols)
+    torch.testing.assert_close(wy[:, :, None] * wx[:, None, :], expected, rtol=0, atol=1e-6)
+    assert expected.amax() > 0.99
+
+
 def test_pasting_the_rows_equals_pasting_the_whole_face() -> None:
     rng = np.random.default_rng(8)
-    face = torch.from_numpy(rng.uniform(0, 1, (2, 3, 96, 96)).astype(np.float32))
-    heights, widths = (150, 61), (140, 70)
-    geometry = torch.tensor([[h, w, first_blended_row(h)] for h, w in zip(heights, widths, strict=True)])
-    canvas_h = int(max(h - first_blended_row(h) for h in heights))
-    base = torch.from_numpy(rng.integers(0, 256, (2, 3, canvas_h, max(widths)), dtype=np.uint8))
-    mask = face_mask()
-    whole = paste_faces(face, base, geometry, mask).int()
-    rows = paste_faces(face[:, :, 47:], base, geometry, mask).int()
+    face = torch.from_numpy(rng.uniform(0, 1, (3, 3, 96, 96)).astype(np.float32))
+    geometry, base, canvas_hw = _boxes(rng)
+    profiles = face_mask_profiles()
+    whole = paste_faces(face, base, paste_table(geometry, *canvas_hw, profiles)).int()
+    rows = paste_faces(face[:, :, 47:], base, paste_table(geometry, *canvas_hw, profiles, 47)).int()
     assert (whole - rows).abs().max() <= 1
     assert ((whole - rows) != 0).float().mean() < 0.001
+    region_h = (geometry[:, 0] - geometry[:, 2]).int()
+    for i in range(3):  # outside its region an item's canvas is the base, untouched
+        original = base[i].permute(1, 2, 0).int()
+        assert torch.equal(rows[i, region_h[i] :], original[region_h[i] :])
+        assert torch.equal(rows[i, :, int(geometry[i, 1]) :], original[:, int(geometry[i, 1]) :])
 
 
 def test_the_backend_renders_the_same_patches_from_the_rows() -> None:
