@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
 from pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
 from pipeline.timing import FPS
+from server.loop_stalls import DEFAULT_BEAT_MS as LOOP_BEAT_MS
 from streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +73,7 @@ class Settings:
     connect_timeout_s: float = 30.0
     max_session_s: float = 3600.0  # a call is closed after this long (0: no limit)
     drain_timeout_s: float = 30.0  # on SIGTERM: how long live calls may go on before they are closed
+    loop_stall_ms: float = 100.0  # log an event-loop stall longer than this, with where it was (0: off)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API from other sites ("*": any)
     auth_token: str | None = field(default=None, repr=False)  # Bearer token for WHIP, WHEP and /offer
     max_viewers: int = 8  # WHEP viewers per session
@@ -135,6 +137,8 @@ class Settings:
             problems.append("max_upload_side_px and avatar_max_side_px must be at least 16")
         if self.max_session_s < 0 or self.drain_timeout_s < 0:
             problems.append("max_session_s and drain_timeout_s must be >= 0")
+        if self.loop_stall_ms != 0 and self.loop_stall_ms <= LOOP_BEAT_MS:
+            problems.append(f"loop_stall_ms must be 0 (off) or more than {LOOP_BEAT_MS:g}")
         if self.push_buffer_s <= 0 or self.push_grace_s <= 0:
             problems.append("push_buffer_s and push_grace_s must be > 0")
         if self.media_workers < 1:

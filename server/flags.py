@@ -47,6 +47,7 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "connect_timeout_s": float,
     "max_session_s": float,
     "drain_timeout_s": float,
+    "loop_stall_ms": float,
     "max_viewers": int,
     "push_buffer_s": float,
     "push_grace_s": float,
@@ -169,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(p, "--max-session-s", "close a call after this many seconds, 0 for no limit")
     _option(p, "--drain-timeout-s", "on SIGTERM, let live calls go on this long before closing them")
+    _option(
+        p,
+        "--loop-stall-ms",
+        "log an event-loop stall (no callback ran) longer than this, with the stack it was in; 0: off",
+    )
     _list_option(
         p,
         "--cors-origin",

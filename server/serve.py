@@ -14,7 +14,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from server.state import RUNTIME
+from server.loop_stalls import LoopStallWatch
+from server.state import METRICS, RUNTIME, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ async def serve_until_signalled(
     runner = web.AppRunner(
         app, handle_signals=False, access_log=None if unix_path else logging.getLogger("aiohttp.access")
     )
+    stalls = _watch_stalls(app)
     await runner.setup()
     watch: asyncio.Task[None] | None = None
     try:
@@ -96,3 +98,18 @@ async def serve_until_signalled(
         if watch is not None:
             watch.cancel()
         await runner.cleanup()
+        if stalls is not None:
+            stalls.stop()
+
+
+def _watch_stalls(app: web.Application) -> LoopStallWatch | None:
+    """The stall watchdog of this process's loop (startup included), feeding the app's metrics."""
+    settings, metrics = app.get(SETTINGS), app.get(METRICS)
+    if settings is None or not settings.loop_stall_ms:
+        return None
+    watch = LoopStallWatch(
+        settings.loop_stall_ms,
+        on_stall=metrics.observe_stall if metrics is not None else None,
+    )
+    watch.start()
+    return watch

@@ -1,0 +1,118 @@
+"""Event-loop stalls: how long the loop went without running a callback, and what it was doing meanwhile.
+
+Every process of the server (the front and each media worker) receives RTP, paces its tracks and answers
+HTTP on one asyncio loop. If something blocks that loop (a slow first-time import, a lock, a long callback,
+another thread holding the GIL), inbound audio waits in the socket and then arrives all at once, which the
+jitter estimator must take for network jitter; outbound packets bunch up the same way. A watchdog thread
+measures that directly:
+
+* the loop beats every ``beat_ms`` (a ``call_later`` chain);
+* the thread looks every ``beat_ms`` too; once the last beat is older than ``threshold_ms`` it samples the
+  loop thread's stack (``sys._current_frames``: the frame that is running, or waiting for the GIL, then),
+  once per stall;
+* when the loop beats again, the stall is logged as a warning with its length and that stack, and counted
+  (``lipcast_event_loop_stalls_total``, ``lipcast_event_loop_stall_seconds``).
+
+The cost is one callback and one thread wake-up per beat (tens of microseconds a second at 10 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BEAT_MS = 10.0
+STACK_FRAMES = 8  # innermost frames kept of a stalled loop's stack
+
+
+@dataclass(frozen=True)
+class Stall:
+    duration_ms: float
+    stack: str  # the loop thread's innermost frames, sampled while it was stalled ("" if not sampled)
+
+
+def format_stack(frame: object, limit: int = STACK_FRAMES) -> str:
+    """A frame's innermost ``limit`` entries as ``file:line function`` lines, innermost last."""
+    entries = traceback.extract_stack(frame, limit=limit)  # type: ignore[arg-type]
+    return "\n".join(f"  {e.filename}:{e.lineno} {e.name}" for e in entries)
+
+
+class LoopStallWatch:
+    """Logs and reports stalls of ``loop`` longer than ``threshold_ms``; start it from the loop's thread."""
+
+    def __init__(
+        self,
+        threshold_ms: float,
+        *,
+        beat_ms: float = DEFAULT_BEAT_MS,
+        on_stall: Callable[[Stall], None] | None = None,
+    ) -> None:
+        if threshold_ms <= beat_ms or beat_ms <= 0:
+            raise ValueError("need 0 < beat_ms < threshold_ms")
+        self.threshold_s = threshold_ms / 1000.0
+        self.beat_s = beat_ms / 1000.0
+        self.on_stall = on_stall
+        self.stalls: list[Stall] = []  # the last few, newest last (tests and /healthz-style reports)
+        self._last_beat_s = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sampled_stack = ""
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._last_beat_s = time.monotonic()
+        self._timer = self._loop.call_later(self.beat_s, self._beat)
+        self._thread = threading.Thread(target=self._watch, name="loop-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            gap_s, self._last_beat_s = now - self._last_beat_s, now
+            stack, self._sampled_stack = self._sampled_stack, ""
+        # The beat was due beat_s after the last one: what is beyond that is the stall.
+        stalled_s = gap_s - self.beat_s
+        if stalled_s > self.threshold_s:
+            self._report(Stall(round(stalled_s * 1000.0, 1), stack))
+        assert self._loop is not None
+        if not self._stop.is_set():
+            self._timer = self._loop.call_later(self.beat_s, self._beat)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            with self._lock:
+                late_s = time.monotonic() - self._last_beat_s - self.beat_s
+                if late_s <= self.threshold_s or self._sampled_stack:
+                    continue
+                frame = sys._current_frames().get(self._loop_thread_id)
+                self._sampled_stack = format_stack(frame) if frame is not None else "  (no stack)"
+
+    def _report(self, stall: Stall) -> None:
+        self.stalls = [*self.stalls[-15:], stall]
+        logger.warning(
+            "event loop stalled %.0f ms; it was in:\n%s",
+            stall.duration_ms,
+            stall.stack or "  (not sampled: the stall ended between two looks)",
+        )
+        if self.on_stall is not None:
+            self.on_stall(stall)

@@ -1,0 +1,49 @@
+"""The event-loop stall watchdog: a blocked loop is reported once, with its length and where it was."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from server.loop_stalls import LoopStallWatch, Stall
+
+
+def _block_here(seconds: float) -> None:
+    time.sleep(seconds)  # a blocking call on the loop's thread: what the watchdog must catch
+
+
+async def test_a_blocked_loop_is_reported_with_its_length_and_stack() -> None:
+    seen: list[Stall] = []
+    watch = LoopStallWatch(60.0, beat_ms=5.0, on_stall=seen.append)
+    watch.start()
+    try:
+        await asyncio.sleep(0.05)
+        _block_here(0.25)
+        await asyncio.sleep(0.05)
+    finally:
+        watch.stop()
+    assert len(seen) == 1, seen
+    # At least the time blocked minus one beat; a loaded machine may add, never remove.
+    assert seen[0].duration_ms >= 240.0
+    assert "_block_here" in seen[0].stack
+    assert watch.stalls == seen
+
+
+async def test_a_loop_that_keeps_running_reports_nothing() -> None:
+    seen: list[Stall] = []
+    watch = LoopStallWatch(500.0, beat_ms=5.0, on_stall=seen.append)
+    watch.start()
+    try:
+        for _ in range(20):
+            _block_here(0.01)  # short callbacks: each well under the threshold
+            await asyncio.sleep(0.005)
+    finally:
+        watch.stop()
+    assert seen == []
+
+
+def test_the_threshold_must_exceed_the_beat() -> None:
+    with pytest.raises(ValueError):
+        LoopStallWatch(10.0, beat_ms=10.0)
