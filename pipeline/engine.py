@@ -271,11 +271,20 @@ class RenderEngine:
             logger.warning("could not lower the render thread's priority: %s", e)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # a bug or a lost device: said loudly, and no frame waits for this thread
+            logger.exception("render engine %s failed; frames fall back to idle until a restart", self.device)
+            self._fail_all(EngineStoppedError(f"render engine failed: {e}"))
+
+    def _serve(self) -> None:
         self._lower_priority()
         if self.device.startswith("cuda"):
             import torch
 
-            torch.cuda.set_device(torch.device(self.device))
+            device = torch.device(self.device)
+            if device.index is not None:  # plain "cuda": whichever is current (device 0 in a new thread)
+                torch.cuda.set_device(device)
         while True:
             work = self._take_work()
             if work is None:

@@ -57,6 +57,9 @@ def resolve_devices(spec: str = "auto", gpus: Sequence[str] | None = None) -> li
     device = resolve_device(spec)
     if device.type == "cuda" and spec in ("auto", "cuda") and torch.cuda.device_count() > 1:
         return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    if device.type == "cuda" and device.index is None:
+        # An engine's thread makes its device current: "cuda" alone names the one current here and now.
+        device = torch.device("cuda", torch.cuda.current_device())
     return [device]
 
 

@@ -156,3 +156,32 @@ def test_the_worker_thread_can_run_at_a_lower_priority() -> None:
         engine.stop()
     assert seen == [5]  # an absolute niceness
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_the_worker_thread_runs_on_a_cuda_device_named_with_or_without_its_index(device: str) -> None:
+    """The server's default device is plain "cuda": the worker thread must take it (it once died at start)."""
+    from pipeline.runtime import resolve_devices
+
+    assert all(d.index is not None for d in resolve_devices("cuda"))
+    engine = RenderEngine(FakeBackend(), (1,), device=device)
+    engine.add_avatar(tiny_avatar())
+    engine.start()
+    try:
+        assert engine.submit("s", item(0)).result(10) is not None
+        assert engine.running
+    finally:
+        engine.stop()
+
+
+def test_a_worker_thread_that_fails_is_logged_and_fails_its_frames(caplog: pytest.LogCaptureFixture) -> None:
+    # No such GPU here (a CPU build, or fewer GPUs): the thread's first step, making it current, fails.
+    engine = RenderEngine(FakeBackend(), (1,), device="cuda:63")
+    engine.start()
+    assert engine._thread is not None
+    engine._thread.join(10)
+    assert not engine.running
+    assert "render engine cuda:63 failed" in caplog.text
+    with pytest.raises(EngineStoppedError):
+        engine.submit("s", item(0)).result(1)
