@@ -36,6 +36,7 @@ from server.sessions import SessionManager
 from server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from server.virtualcam import virtualcam_ctx
 from streaming.clock import Clock
+from streaming.codec_warmup import warm_media_path
 from streaming.rtc import observe_encoding, use_fast_audio_level, use_vp8_settings
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,9 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     builder = app.get(RUNTIME_BUILDER, build_runtime)  # a media worker builds its own (server/worker)
     runtime = await loop.run_in_executor(None, builder, settings, clock)
+    if settings.media_workers <= 1:  # this process takes calls itself (a media worker, or the only process)
+        avatar = runtime.avatars[settings.avatar]
+        await loop.run_in_executor(None, warm_media_path, avatar.width, avatar.height, settings.vp8())
     runtime.engine.start()
     metrics = app[METRICS]
     metrics.attach(RuntimeCollector(runtime))

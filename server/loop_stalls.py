@@ -8,8 +8,8 @@ measures that directly:
 
 * the loop beats every ``beat_ms`` (a ``call_later`` chain);
 * the thread looks every ``beat_ms`` too; once the last beat is older than ``threshold_ms`` it samples the
-  loop thread's stack (``sys._current_frames``: the frame that is running, or waiting for the GIL, then),
-  once per stall;
+  loop thread's stack (``sys._current_frames``: the frame that is running, or waiting for the GIL, then)
+  and where every other thread is (one of them may be holding the GIL), once per stall;
 * when the loop beats again, the stall is logged as a warning with its length and that stack, and counted
   (``lipcast_event_loop_stalls_total``, ``lipcast_event_loop_stall_seconds``).
 
@@ -104,8 +104,20 @@ class LoopStallWatch:
                 late_s = time.monotonic() - self._last_beat_s - self.beat_s
                 if late_s <= self.threshold_s or self._sampled_stack:
                     continue
-                frame = sys._current_frames().get(self._loop_thread_id)
-                self._sampled_stack = format_stack(frame) if frame is not None else "  (no stack)"
+                self._sampled_stack = self._sample()
+
+    def _sample(self) -> str:
+        """The loop thread's stack, then where each other thread is (one of them may hold the GIL)."""
+        frames = sys._current_frames()
+        loop_frame = frames.get(self._loop_thread_id)
+        lines = [format_stack(loop_frame) if loop_frame is not None else "  (no stack)"]
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in frames.items():
+            if ident in (self._loop_thread_id, threading.get_ident()):
+                continue
+            where = format_stack(frame, limit=2).replace("\n", " <-").strip()
+            lines.append(f"  other thread {names.get(ident, ident)}: {where}")
+        return "\n".join(lines)
 
     def _report(self, stall: Stall) -> None:
         self.stalls = [*self.stalls[-15:], stall]

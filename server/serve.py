@@ -48,8 +48,8 @@ async def serve_until_signalled(
     runner = web.AppRunner(
         app, handle_signals=False, access_log=None if unix_path else logging.getLogger("aiohttp.access")
     )
-    stalls = _watch_stalls(app)
     await runner.setup()
+    stalls = _watch_stalls(app)  # from here on: startup (a build thread holding the GIL) is not a stall
     watch: asyncio.Task[None] | None = None
     try:
         if unix_path is not None:
@@ -103,7 +103,7 @@ async def serve_until_signalled(
 
 
 def _watch_stalls(app: web.Application) -> LoopStallWatch | None:
-    """The stall watchdog of this process's loop (startup included), feeding the app's metrics."""
+    """The stall watchdog of this process's loop while it serves, feeding the app's metrics."""
     settings, metrics = app.get(SETTINGS), app.get(METRICS)
     if settings is None or not settings.loop_stall_ms:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -47,3 +48,21 @@ async def test_a_loop_that_keeps_running_reports_nothing() -> None:
 def test_the_threshold_must_exceed_the_beat() -> None:
     with pytest.raises(ValueError):
         LoopStallWatch(10.0, beat_ms=10.0)
+
+
+async def test_the_report_says_where_the_other_threads_were() -> None:
+    seen: list[Stall] = []
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, name="busy-neighbour", daemon=True)
+    other.start()
+    watch = LoopStallWatch(60.0, beat_ms=5.0, on_stall=seen.append)
+    watch.start()
+    try:
+        await asyncio.sleep(0.05)
+        _block_here(0.2)
+        await asyncio.sleep(0.05)
+    finally:
+        watch.stop()
+        release.set()
+    assert len(seen) == 1
+    assert "other thread busy-neighbour:" in seen[0].stack
