@@ -34,7 +34,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-logs() { tar -czf "$OUT/logs.tgz" --exclude=compile-cache -C "$WORK" .; }
+logs() { tar -czf "$OUT/logs.tgz" --exclude=compile-cache --exclude="*.pth" -C "$WORK" .; }
 
 if has profile; then
   step "engine profile: batch 1 and 128"

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from server.loop_stalls import LoopStallWatch
+from server.loop_stalls import LoopStallWatch, freeze_startup_heap
 from server.state import METRICS, RUNTIME, SETTINGS
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ async def serve_until_signalled(
         app, handle_signals=False, access_log=None if unix_path else logging.getLogger("aiohttp.access")
     )
     await runner.setup()
+    freeze_startup_heap()  # what startup made lives as long as the process: no collection walks it again
     stalls = _watch_stalls(app)  # from here on: startup (a build thread holding the GIL) is not a stall
     watch: asyncio.Task[None] | None = None
     try:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from server.loop_stalls import LoopStallWatch, Stall
+from server.loop_stalls import LoopStallWatch, Stall, freeze_startup_heap
 
 
 def _block_here(seconds: float) -> None:
@@ -66,3 +66,13 @@ async def test_the_report_says_where_the_other_threads_were() -> None:
         release.set()
     assert len(seen) == 1
     assert "other thread busy-neighbour:" in seen[0].stack
+
+
+def test_the_startup_heap_is_frozen_out_of_the_collector() -> None:
+    import gc
+
+    try:
+        assert freeze_startup_heap() >= 0.0
+        assert gc.get_freeze_count() > 1000  # pytest, numpy and the server's modules at least
+    finally:
+        gc.unfreeze()
