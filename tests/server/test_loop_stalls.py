@@ -15,16 +15,22 @@ def _block_here(seconds: float) -> None:
     time.sleep(seconds)  # a blocking call on the loop's thread: what the watchdog must catch
 
 
-async def test_a_blocked_loop_is_reported_with_its_length_and_stack() -> None:
+async def _stalls_of_one_block(block_s: float) -> tuple[LoopStallWatch, list[Stall]]:
+    """A watch at 60 ms around a loop that blocks once for ``block_s``."""
     seen: list[Stall] = []
     watch = LoopStallWatch(60.0, beat_ms=5.0, on_stall=seen.append)
     watch.start()
     try:
         await asyncio.sleep(0.05)
-        _block_here(0.25)
+        _block_here(block_s)
         await asyncio.sleep(0.05)
     finally:
         watch.stop()
+    return watch, seen
+
+
+async def test_a_blocked_loop_is_reported_with_its_length_and_stack() -> None:
+    watch, seen = await _stalls_of_one_block(0.25)
     assert len(seen) == 1, seen
     # At least the time blocked minus one beat; a loaded machine may add, never remove.
     assert seen[0].duration_ms >= 240.0
@@ -51,18 +57,12 @@ def test_the_threshold_must_exceed_the_beat() -> None:
 
 
 async def test_the_report_says_where_the_other_threads_were() -> None:
-    seen: list[Stall] = []
     release = threading.Event()
     other = threading.Thread(target=release.wait, name="busy-neighbour", daemon=True)
     other.start()
-    watch = LoopStallWatch(60.0, beat_ms=5.0, on_stall=seen.append)
-    watch.start()
     try:
-        await asyncio.sleep(0.05)
-        _block_here(0.2)
-        await asyncio.sleep(0.05)
+        _, seen = await _stalls_of_one_block(0.2)
     finally:
-        watch.stop()
         release.set()
     assert len(seen) == 1
     assert "other thread busy-neighbour:" in seen[0].stack
