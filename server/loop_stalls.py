@@ -11,7 +11,7 @@ measures that directly:
   loop thread's stack (``sys._current_frames``: the frame that is running, or waiting for the GIL, then)
   and where every other thread is (one of them may be holding the GIL), once per stall;
 * when the loop beats again, the stall is logged as a warning with its length and that stack, and counted
-  (``lipcast_event_loop_stalls_total``, ``lipcast_event_loop_stall_seconds``).
+  (the histogram ``lipcast_event_loop_stall_seconds``).
 
 The cost is one callback and one thread wake-up per beat (tens of microseconds a second at 10 ms).
 """

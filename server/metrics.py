@@ -38,7 +38,6 @@ class Metrics:
             buckets=DEPTH_BUCKETS_MS,
             registry=self.registry,
         )
-
         self.loop_stall_seconds = Histogram(
             "lipcast_event_loop_stall_seconds",
             "Event-loop stalls longer than --loop-stall-ms (no callback ran), by length",

@@ -8,8 +8,8 @@ the socket meanwhile and the jitter buffer, taking it for network jitter, held ~
 10 s. :func:`warm_media_path` runs the same steps once, off the loop, at startup:
 
 * a DTLS certificate (key generation and its serialisation, as every call's peer connection does);
-* Opus: aiortc's encoder on frames shaped like :class:`streaming.tracks.AvatarAudioTrack`'s, its decoder,
-  and the inbound mono resampler;
+* Opus: aiortc's encoder on the outbound track's frames (:func:`streaming.tracks.stereo_audio_frame`),
+  its decoder, and the inbound mono resampler;
 * VP8: lipcast's encoder (a key frame and a delta frame) at the avatar's size;
 * the speech detector and the 48 -> 16 kHz decimator.
 """
@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.encoders import Vp8Encoder, Vp8Settings
 from streaming.resample import Decimator
+from streaming.tracks import stereo_audio_frame
 from streaming.vad import SpeechDetector
 
 logger = logging.getLogger(__name__)
@@ -43,11 +44,7 @@ VIDEO_TIME_BASE = Fraction(1, 90_000)
 
 def _audio_frame(index: int) -> AudioFrame:
     tone = (3000 * np.sin(np.arange(AUDIO_FRAME_SAMPLES) * 0.05)).astype(np.int16)
-    frame = AudioFrame.from_ndarray(np.repeat(tone, 2).reshape(1, -1), format="s16", layout="stereo")
-    frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
-    frame.pts = index * AUDIO_FRAME_SAMPLES
-    frame.time_base = Fraction(1, MEDIA_SAMPLE_RATE_HZ)
-    return frame
+    return stereo_audio_frame(tone, index * AUDIO_FRAME_SAMPLES)
 
 
 def _warm_audio() -> int:

@@ -25,6 +25,19 @@ logger = logging.getLogger(__name__)
 AUDIO_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 
 
+def stereo_audio_frame(samples: npt.NDArray[np.int16], pts: int) -> AudioFrame:
+    """48 kHz mono samples as the s16 stereo frame the outbound audio track sends, starting at ``pts``.
+
+    Both channels are equal: aiortc's Opus encoder upmixes mono at -3 dB, and the caller's voice should come
+    back at the level it went in.
+    """
+    frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
+    frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
+    frame.pts = pts
+    frame.time_base = AUDIO_TIME_BASE
+    return frame
+
+
 @dataclass
 class VideoStats:
     sent: int = 0
@@ -162,13 +175,7 @@ class AvatarAudioTrack(_StreamTrack):
         assert self._tick_audio is not None
         size = len(self._tick_audio) // self._per_tick
         samples = self._tick_audio[part * size : (part + 1) * size]
-        # Stereo with both channels equal: aiortc's Opus encoder upmixes mono at -3 dB, the caller's voice
-        # should come back at the level it went in.
-        interleaved = np.repeat(samples, 2).reshape(1, -1)
-        frame = AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
-        frame.sample_rate = MEDIA_SAMPLE_RATE_HZ
-        frame.pts = self._next * size
-        frame.time_base = AUDIO_TIME_BASE
+        frame = stereo_audio_frame(samples, self._next * size)
         self._next += 1
         self.sent += 1
         return frame
