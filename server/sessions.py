@@ -321,6 +321,7 @@ class SessionManager:
             settings.jitter_buffer_ms,
             frame_ms=1000.0 / settings.fps,
             clock=self.clock.now,
+            session_id=session_id,
         )
         detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
         stream = self.new_stream(session_id, avatar, buffer)

@@ -22,6 +22,11 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   first audio often arrives bunched, deeper than the target).
 * Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
   holds (*overflow*), so latency can never grow without bound. Each case is counted.
+
+An underrun is logged (at most one line per :data:`UNDERRUN_LOG_INTERVAL_S`, with the count since the last
+one) with what tells its cause apart: how long ago the newest audio arrived. A late arrival is the network,
+the caller, or this process's event loop stalling (which :mod:`server.loop_stalls` logs); audio that kept
+arriving on time but still ran short is a target too shallow for the jitter.
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ import numpy.typing as npt
 
 from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from streaming.jitter import JitterEstimator
+from streaming.tasks import session_log
 
 logger = logging.getLogger(__name__)
 
 TRIM_WINDOW_PULLS = 125  # ticks (5 s at 25 fps) of margins that must all allow a trim
 FIRST_TRIM_WINDOW_PULLS = 25  # the first after playout began (1 s): a call's start often arrives bunched
 TRIM_GUARD_MS = 5.0  # the least time to spare that a trim may leave
+UNDERRUN_LOG_INTERVAL_S = 5.0  # underruns after a logged one are counted into the next line
 
 Int16Array = npt.NDArray[np.int16]
 
@@ -89,9 +96,10 @@ class InputAudioBuffer:
         jitter: JitterEstimator | None = None,
         max_target_ms: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger] = logger,
     ) -> None:
         """``jitter`` None: a fixed ``target_ms``; else adaptive from ``target_ms`` up to ``max_target_ms``.
-        ``clock`` (seconds) timestamps arrivals for the jitter estimate."""
+        ``clock`` (seconds) timestamps arrivals for the jitter estimate; ``log`` gets the underrun lines."""
         if not 0 < target_ms < max_ms or (jitter is not None and not target_ms <= max_target_ms < max_ms):
             raise ValueError("need 0 < target_ms <= max_target_ms < max_ms")
         self.sample_rate_hz = sample_rate_hz
@@ -104,6 +112,7 @@ class InputAudioBuffer:
         )
         self.max_samples = round(max_ms * sample_rate_hz / 1000)
         self._clock = clock
+        self.log = log
         self.stats = BufferStats()
         self._blocks: deque[_Block] = deque()
         self._depth = 0
@@ -113,6 +122,9 @@ class InputAudioBuffer:
         # Adaptive: how long ago, at each recent pull, the block completing the tick's audio arrived (s).
         self._margins_s: deque[float] = deque(maxlen=TRIM_WINDOW_PULLS)
         self._trim_window = FIRST_TRIM_WINDOW_PULLS  # pulls of margins the next trim needs
+        self._last_arrival_s: float | None = None
+        self._underruns_logged_s: float | None = None  # when the last underrun line was written
+        self._underruns_unlogged = 0
 
     @property
     def target_samples(self) -> int:
@@ -148,7 +160,8 @@ class InputAudioBuffer:
         if self.jitter is not None:
             position_s = self._next_input_pos / self.sample_rate_hz
             self.jitter.observe(self._clock(), position_s)
-        self._blocks.append(_Block(samples, speech, self._next_input_pos, self._clock()))
+        self._last_arrival_s = self._clock()
+        self._blocks.append(_Block(samples, speech, self._next_input_pos, self._last_arrival_s))
         self._next_input_pos += len(samples)
         self._depth += len(samples)
         self.stats.pushed_samples += len(samples)
@@ -196,6 +209,7 @@ class InputAudioBuffer:
             self._trim_window = TRIM_WINDOW_PULLS
             if self.jitter is not None:
                 self.jitter.underrun()
+            self._log_underrun(count)
             return Pulled(np.zeros(count, np.int16), False, None, underrun=True)
         if self.jitter is not None:
             self._margins_s.append(self._margin_s(count))
@@ -207,6 +221,29 @@ class InputAudioBuffer:
         if self.jitter is not None and self._hysteresis_samples is not None:
             self._trim_by_margin(self.jitter)
         return pulled
+
+    def _log_underrun(self, count: int) -> None:
+        now = self._clock()
+        if self._underruns_logged_s is not None and now - self._underruns_logged_s < UNDERRUN_LOG_INTERVAL_S:
+            self._underruns_unlogged += 1
+            return
+        unlogged = self._underruns_unlogged
+        since = f" (and {unlogged} more since the last line)" if unlogged else ""
+        arrived = (
+            "none has arrived yet"
+            if self._last_arrival_s is None
+            else f"the newest arrived {(now - self._last_arrival_s) * 1000.0:.0f} ms ago"
+        )
+        self.log.info(
+            "inbound audio ran dry%s: %.0f of the tick's %.0f ms queued, %s; target now %.0f ms",
+            since,
+            self.depth_ms,
+            count * 1000.0 / self.sample_rate_hz,
+            arrived,
+            self.target_ms,
+        )
+        self._underruns_logged_s = now
+        self._underruns_unlogged = 0
 
     def _margin_s(self, count: int) -> float:
         """How long ago the block holding the ``count``-th queued sample arrived (depth >= count)."""
@@ -276,15 +313,19 @@ def make_input_buffer(
     *,
     frame_ms: float,
     clock: Callable[[], float] = time.monotonic,
+    session_id: str = "-",
 ) -> InputAudioBuffer:
     """A session's buffer: ``fixed_target_ms`` when given, else adaptive from one frame of audio (the
-    least that playout of a tick needs) up to :data:`ADAPTIVE_MAX_TARGET_MS`."""
+    least that playout of a tick needs) up to :data:`ADAPTIVE_MAX_TARGET_MS`. Its log lines carry
+    ``session_id``."""
+    log = session_log(logger, session_id)
     if fixed_target_ms is not None:
-        return InputAudioBuffer(sample_rate_hz, target_ms=fixed_target_ms, clock=clock)
+        return InputAudioBuffer(sample_rate_hz, target_ms=fixed_target_ms, clock=clock, log=log)
     return InputAudioBuffer(
         sample_rate_hz,
         target_ms=frame_ms,
         jitter=JitterEstimator(),
         max_target_ms=ADAPTIVE_MAX_TARGET_MS,
         clock=clock,
+        log=log,
     )

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
-from streaming.audio_buffer import InputAudioBuffer
+from streaming.audio_buffer import UNDERRUN_LOG_INTERVAL_S, InputAudioBuffer, make_input_buffer
 
 RATE = 48_000
 BLOCK = 960  # 20 ms
@@ -103,3 +105,38 @@ def test_pulled_audio_says_how_long_it_waited() -> None:
     out = buf.pull(TICK)
     assert out.input_pos == 0 and out.waited_ms == pytest.approx(25.0)  # its first sample came 25 ms ago
     assert buf.pull(TICK).waited_ms is None  # dry: filler has no wait
+
+
+def test_underruns_are_logged_with_the_newest_arrival_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    buf = make_input_buffer(RATE, 40.0, frame_ms=40.0, clock=lambda: now[0], session_id="sess1")
+    caplog.set_level(logging.INFO, logger="streaming.audio_buffer")
+    for i in range(2):
+        buf.push(ramp(i * BLOCK), speech=True)
+    buf.pull(TICK)
+    buf.push(ramp(2 * BLOCK), speech=True)
+    now[0] += 0.065  # the next block is late: the newest one arrived 65 ms before the tick
+    assert buf.pull(TICK).underrun
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("[sess1] inbound audio ran dry: 20 of the tick's 40 ms queued")
+    assert "the newest arrived 65 ms ago" in line
+    now[0] += 1.0
+    assert buf.pull(TICK).underrun is False  # not primed: silence, but no second dry tick
+    buf.interrupt()
+    assert buf.pull(TICK).underrun is False
+    buf.push(ramp(0, TICK), speech=True)
+    buf.pull(TICK)
+    assert buf.pull(TICK).underrun  # within the interval: counted, not logged
+    assert len(caplog.records) == 1
+    now[0] += UNDERRUN_LOG_INTERVAL_S
+    buf.push(ramp(0, TICK), speech=True)
+    buf.pull(TICK)
+    assert buf.pull(TICK).underrun
+    assert len(caplog.records) == 2
+    assert (
+        "ran dry (and 1 more since the last line): 0 of the tick's 40 ms queued"
+        in caplog.records[1].getMessage()
+    )
+    assert buf.stats.underruns == 3
