@@ -11,7 +11,10 @@ measures that directly:
   loop thread's stack (``sys._current_frames``: the frame that is running, or waiting for the GIL, then)
   and where every other thread is (one of them may be holding the GIL), once per stall;
 * when the loop beats again, the stall is logged as a warning with its length and that stack, and counted
-  (the histogram ``lipcast_event_loop_stall_seconds``).
+  (the histogram ``lipcast_event_loop_stall_seconds``);
+* the cyclic garbage collector's pauses are timed too (``gc.callbacks``): a collection stops every thread
+  of the process that wants the GIL, and no stack shows it, so the report says how much of the stall was
+  spent collecting, and which generation.
 
 The cost is one callback and one thread wake-up per beat (tens of microseconds a second at 10 ms).
 """
@@ -25,8 +28,10 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +43,41 @@ STACK_FRAMES = 14  # innermost frames kept of a stalled loop's stack
 class Stall:
     duration_ms: float
     stack: str  # the loop thread's innermost frames, sampled while it was stalled ("" if not sampled)
+    gc_ms: float = 0.0  # of it, in garbage collection (any thread's)
+    gc_generation: int | None = None  # the oldest generation collected in it
+
+
+class GcPauses:
+    """The recent pauses of the cyclic garbage collector, on the monotonic clock (``gc.callbacks``)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._pauses: deque[tuple[float, float, int]] = deque(maxlen=keep)  # start, end, generation
+        self._started_s = 0.0
+
+    def install(self) -> None:
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        # Runs inside the collection, on the thread that triggered it, holding the GIL: one clock read.
+        if phase == "start":
+            self._started_s = time.monotonic()
+        else:
+            self._pauses.append((self._started_s, time.monotonic(), int(info["generation"])))
+
+    def within(self, start_s: float, end_s: float) -> tuple[float, int | None]:
+        """Seconds collected between ``start_s`` and ``end_s``, and the oldest generation among them."""
+        total_s, oldest = 0.0, None
+        for begin, end, generation in list(self._pauses):
+            overlap_s = min(end, end_s) - max(begin, start_s)
+            if overlap_s > 0:
+                total_s += overlap_s
+                oldest = generation if oldest is None else max(oldest, generation)
+        return total_s, oldest
 
 
 def format_stack(frame: object, limit: int = STACK_FRAMES) -> str:
@@ -70,6 +110,7 @@ class LoopStallWatch:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sampled_stack = ""
+        self.gc_pauses = GcPauses()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -78,8 +119,10 @@ class LoopStallWatch:
         self._timer = self._loop.call_later(self.beat_s, self._beat)
         self._thread = threading.Thread(target=self._watch, name="loop-stall-watch", daemon=True)
         self._thread.start()
+        self.gc_pauses.install()
 
     def stop(self) -> None:
+        self.gc_pauses.uninstall()
         self._stop.set()
         if self._timer is not None:
             self._timer.cancel()
@@ -89,12 +132,13 @@ class LoopStallWatch:
     def _beat(self) -> None:
         now = time.monotonic()
         with self._lock:
-            gap_s, self._last_beat_s = now - self._last_beat_s, now
+            last_s, self._last_beat_s = self._last_beat_s, now
             stack, self._sampled_stack = self._sampled_stack, ""
         # The beat was due beat_s after the last one: what is beyond that is the stall.
-        stalled_s = gap_s - self.beat_s
+        stalled_s = now - last_s - self.beat_s
         if stalled_s > self.threshold_s:
-            self._report(Stall(round(stalled_s * 1000.0, 1), stack))
+            gc_s, generation = self.gc_pauses.within(last_s, now)
+            self._report(Stall(round(stalled_s * 1000.0, 1), stack, round(gc_s * 1000.0, 1), generation))
         assert self._loop is not None
         if not self._stop.is_set():
             self._timer = self._loop.call_later(self.beat_s, self._beat)
@@ -122,9 +166,15 @@ class LoopStallWatch:
 
     def _report(self, stall: Stall) -> None:
         self.stalls = [*self.stalls[-15:], stall]
+        collecting = (
+            f" (of it, {stall.gc_ms:.0f} ms in garbage collection, generation {stall.gc_generation})"
+            if stall.gc_generation is not None
+            else ""
+        )
         logger.warning(
-            "event loop stalled %.0f ms; it was in:\n%s",
+            "event loop stalled %.0f ms%s; it was in:\n%s",
             stall.duration_ms,
+            collecting,
             stall.stack or "  (not sampled: the stall ended between two looks)",
         )
         if self.on_stall is not None:

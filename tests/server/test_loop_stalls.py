@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import threading
 import time
 
 import pytest
 
-from server.loop_stalls import LoopStallWatch, Stall, freeze_startup_heap
+from server.loop_stalls import GcPauses, LoopStallWatch, Stall, freeze_startup_heap
 
 
 def _block_here(seconds: float) -> None:
@@ -68,9 +70,38 @@ async def test_the_report_says_where_the_other_threads_were() -> None:
     assert "other thread busy-neighbour:" in seen[0].stack
 
 
-def test_the_startup_heap_is_frozen_out_of_the_collector() -> None:
-    import gc
+async def test_a_stall_in_garbage_collection_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    # Enough tracked objects that a full collection of them blocks well past the threshold.
+    heap = [[i] for i in range(400_000)]
+    for cell in heap:
+        cell.append(cell)  # each a cycle: only the cyclic collector could free them
+    seen: list[Stall] = []
+    watch = LoopStallWatch(20.0, beat_ms=5.0, on_stall=seen.append)
+    caplog.set_level(logging.WARNING, logger="server.loop_stalls")
+    watch.start()
+    try:
+        await asyncio.sleep(0.05)
+        gc.collect()
+        await asyncio.sleep(0.05)
+    finally:
+        watch.stop()
+        del heap
+    collected = [stall for stall in seen if stall.gc_generation == 2]
+    assert collected, seen
+    assert 0 < collected[0].gc_ms <= collected[0].duration_ms + 5.0
+    assert "in garbage collection, generation 2" in caplog.text
+    assert watch.gc_pauses._on_gc not in gc.callbacks  # stopped: the callback is gone
 
+
+def test_gc_pauses_are_summed_over_a_window() -> None:
+    pauses = GcPauses()
+    pauses._pauses.extend([(1.00, 1.03, 0), (1.10, 1.15, 2), (2.00, 2.01, 1)])
+    total_s, oldest = pauses.within(1.02, 1.2)
+    assert total_s == pytest.approx(0.01 + 0.05) and oldest == 2
+    assert pauses.within(1.5, 1.9) == (0.0, None)
+
+
+def test_the_startup_heap_is_frozen_out_of_the_collector() -> None:
     try:
         assert freeze_startup_heap() >= 0.0
         assert gc.get_freeze_count() > 1000  # pytest, numpy and the server's modules at least
