@@ -17,8 +17,9 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from server.loop_stalls import LoopStallWatch, Stall, freeze_startup_heap
 from server.probe.client import CallRecording, call
-from server.probe.load import HealthPoller, SelfSampler, clients_load, server_load
+from server.probe.load import PROBE_LOOP_STALL_MS, HealthPoller, SelfSampler, clients_load, server_load
 from server.probe.patterns import burst_pattern, load_audio
 from server.probe.plot import write_plots
 from server.probe.report import CallReport, analyse
@@ -90,16 +91,27 @@ async def _record_and_analyse(
 ) -> tuple[list[CallReport | BaseException], dict[str, Any]]:
     """Run the calls ``indices`` of ``sessions`` (each starting at its place in the ramp), then analyse
     them: analysis waits until every call here has ended, so it never competes with a live call's media.
-    Also returns this process's CPU figures over the calls (:class:`~server.probe.load.SelfSampler`)."""
+    Also returns this process's CPU figures over the calls (:class:`~server.probe.load.SelfSampler`) and its
+    own event-loop stalls: a client that stalls sends its audio late, and the server's latency looks worse
+    by as much (its heap is frozen out of the garbage collector first, as the server's is)."""
 
     async def one(i: int) -> CallRecording:
         await asyncio.sleep(ramp_s * i / max(1, sessions))
         return await call(url, audio, avatar=avatar, http=http, video_release=video_release)
 
+    freeze_startup_heap()
+    stalls: list[Stall] = []
+    watch = LoopStallWatch(PROBE_LOOP_STALL_MS, on_stall=stalls.append)
+    watch.start()
     sampler = SelfSampler()
     sampler.start()
-    recordings = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+    try:
+        recordings = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+    finally:
+        watch.stop()
     cpu = await sampler.stop()
+    if cpu:
+        cpu["loop_stalls_ms"] = [stall.duration_ms for stall in stalls]
     loop = asyncio.get_running_loop()
     results: list[CallReport | BaseException] = []
     for recording in recordings:

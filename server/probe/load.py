@@ -23,6 +23,7 @@ from server.cpu_usage import cpu_delta, cpu_snapshot
 POLL_INTERVAL_S = 1.0
 MIN_PEAK_INTERVAL_S = 0.5
 TOP_THREADS = 4  # thread groups listed per process
+PROBE_LOOP_STALL_MS = 30.0  # a client process's own stalls this long are counted (they delay what it sends)
 
 
 @dataclass
@@ -230,8 +231,11 @@ def clients_load(parts: list[dict[str, Any]], frames_received: int) -> dict[str,
     if not parts:
         return {}
     cpu_s = sum(float(p["cpu_s"]) for p in parts)
+    stalls_ms = [float(ms) for p in parts for ms in p.get("loop_stalls_ms", [])]
     return {
         "processes": parts,
+        "loop_stalls": len(stalls_ms),  # of PROBE_LOOP_STALL_MS or more, all client processes
+        "loop_stall_max_ms": max(stalls_ms, default=None),
         "cpu_s": round(cpu_s, 3),
         "cores_busy": round(sum(float(p["cores_busy"] or 0.0) for p in parts), 3),
         "cores_busy_max_process": max(float(p["cores_busy_max"] or 0.0) for p in parts),
@@ -278,7 +282,9 @@ def format_load(server: dict[str, Any], clients: dict[str, Any]) -> list[str]:
             f"  probe clients: {len(clients['processes'])} process(es),"
             f" {clients['cores_busy']:.2f} cores busy"
             f" (busiest process-second {clients['cores_busy_max_process']:.2f}),"
-            f" {per_frame if per_frame is None else f'{per_frame:.2f}'} ms per frame received"
+            f" {per_frame if per_frame is None else f'{per_frame:.2f}'} ms per frame received;"
+            f" event-loop stalls >= {PROBE_LOOP_STALL_MS:.0f} ms: {clients.get('loop_stalls', 0)}"
+            + (f" (longest {longest:.0f} ms)" if (longest := clients.get("loop_stall_max_ms")) else "")
         )
         for k, p in enumerate(clients["processes"]):
             lines.append(f"    client-{k:<3} {p['cores_busy']:.2f} cores; threads: {_threads(p)}")

@@ -76,3 +76,15 @@ def test_clients_load_sums_the_processes() -> None:
     assert load["cores_busy"] == 1.0 and load["cpu_ms_per_frame_received"] == 5.0
     assert len(load["processes"]) == 2
     assert "probe clients: 2 process(es)" in "\n".join(format_load({}, load))
+
+
+def test_the_clients_own_loop_stalls_are_counted_and_the_longest_named() -> None:
+    parts = [process_load([snapshot(k, 0.0, 0.0, 0.0), snapshot(k, 1.0, 2.0, 0.8)]) for k in (1, 2)]
+    parts[0]["loop_stalls_ms"] = [35.0, 92.4]
+    parts[1]["loop_stalls_ms"] = [41.0]
+    load = clients_load(parts, frames_received=400)
+    assert load["loop_stalls"] == 3 and load["loop_stall_max_ms"] == 92.4
+    assert "event-loop stalls >= 30 ms: 3 (longest 92 ms)" in "\n".join(format_load({}, load))
+    quiet = clients_load([{**parts[1], "loop_stalls_ms": []}], frames_received=400)
+    assert quiet["loop_stalls"] == 0 and quiet["loop_stall_max_ms"] is None
+    assert format_load({}, quiet)[0].endswith("event-loop stalls >= 30 ms: 0")
