@@ -57,9 +57,9 @@ serve_probe() {  # $1 tag, $2 calls; the rest: extra serve flags. A cold start w
   shift 2
   step "cold start '$tag' with the warm cache (wav2lip on $DEVICE; flags: $*)"
   t0=$(date +%s.%N)
-  # Stalls of 50 ms and more are logged (the default is 100): a first call's one-time work shows there.
+  # Stalls of 25 ms and more are logged (the default is 100): a first call's one-time work shows there.
   $PY -m server serve --backend wav2lip --checkpoint "$WORK/w2l.pth" --device "$DEVICE" --port "$PORT" \
-    --ice-address 127.0.0.1 --compile-cache-dir "$CACHE" --loop-stall-ms 50 "$@" > "$WORK/serve_$tag.log" 2>&1 &
+    --ice-address 127.0.0.1 --compile-cache-dir "$CACHE" --loop-stall-ms 25 "$@" > "$WORK/serve_$tag.log" 2>&1 &
   server=$!
   until curl -sf "http://127.0.0.1:$PORT/readyz" > /dev/null 2>&1; do
     kill -0 $server 2> /dev/null || break
@@ -74,9 +74,13 @@ serve_probe() {  # $1 tag, $2 calls; the rest: extra serve flags. A cold start w
     step "call $call on '$tag'"
     timeout $((DURATION_S + 40)) $PY -m server probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
       --duration-s "$DURATION_S" --video-release marker --json "$OUT/probe_${tag}_$call.json" 2>&1 \
-      | grep -v " INFO " | head -24
+      | grep -v " INFO " | head -40
   done
+  # A call's latency steps up for seconds after its inbound audio runs dry once: say when, and why.
   grep -c "event loop stalled" "$WORK/serve_$tag.log" | sed "s/^/$tag: event-loop stalls logged: /"
+  grep "event loop stalled" "$WORK/serve_$tag.log" | cut -c1-200 | head -5
+  grep -c "inbound audio ran dry" "$WORK/serve_$tag.log" | sed "s/^/$tag: underrun lines logged: /"
+  grep "inbound audio ran dry" "$WORK/serve_$tag.log" | cut -c1-220 | head -5
   kill $server
   wait $server 2> /dev/null
   logs
