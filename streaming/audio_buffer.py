@@ -13,13 +13,15 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   removed only where the voice-activity detector marked *silence*, whole 20 ms blocks at a time, so latency
   returns to the target at the next pause without cutting speech (*trimmed* audio).
 * Adaptive only: depth counts whole blocks, but whether a tick finds its audio is a matter of time. Each
-  pull records its *margin*: how long ago the block that completes the tick's audio arrived. When every pull
-  of the last :data:`TRIM_WINDOW_PULLS` (5 s) had a margin of a block more than a guard
-  (:data:`TRIM_GUARD_MS`, plus what the jitter estimate still holds from an underrun or an older spike), one
-  silent block at the head is dropped. The window's minimum margin is its worst arrival, so a trim never
-  leaves less time to spare than the last 5 s needed; with steady 20 ms packets and 40 ms ticks it takes the
-  wait from 40-60 ms to 20-40 ms. The first trim of a call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (its
-  first audio often arrives bunched, deeper than the target).
+  pull records its *margin*: how long ago the block that completes the tick's audio arrived. Once a window
+  of :data:`TRIM_WINDOW_PULLS` (5 s) pulls is recorded, the silent head blocks that fit in its smallest
+  margin less a guard (:data:`TRIM_GUARD_MS`, plus what the jitter estimate still holds from an underrun or
+  an older spike) are dropped, as many whole blocks as fit (none if the head is speech). The window's
+  minimum margin is its worst arrival, so a trim never leaves less time to spare than the last 5 s needed;
+  with steady 20 ms packets and 40 ms ticks it takes the wait from 40-60 ms to 20-40 ms. The first trim of a
+  call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (1 s): a call's first audio often arrives bunched and
+  primes playout blocks deeper than it needs, and that excess goes in one trim (dropping one block per
+  window, as before, kept the second spare block for 5 s more).
 * Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
   holds (*overflow*), so latency can never grow without bound. Each case is counted.
 
@@ -255,16 +257,17 @@ class InputAudioBuffer:
         raise AssertionError("margin asked with less than count queued")
 
     def _trim_by_margin(self, jitter: JitterEstimator) -> None:
-        """Drop one silent head block if every pull of the window could have spared it."""
+        """Drop the silent head blocks that every pull of the window could have spared."""
         if len(self._margins_s) < self._trim_window or not self._blocks or self._blocks[0].speech:
             return
-        head_samples = len(self._blocks[0].samples)
         # The window's minimum already holds its worst arrival; what the estimator still holds above its
         # percentile (an underrun's allowance, a spike not yet forgotten) is kept as well.
         held_ms = max(0.0, jitter.jitter_ms - jitter.percentile_ms)
-        guard_s = (TRIM_GUARD_MS + held_ms) / 1000.0
-        if min(self._margins_s) - head_samples / self.sample_rate_hz >= guard_s:
-            self.stats.trimmed_samples += self._discard_oldest(head_samples, silence_only=True)
+        spare_s = min(self._margins_s) - (TRIM_GUARD_MS + held_ms) / 1000.0
+        spare_samples = int(spare_s * self.sample_rate_hz) if spare_s > 0 else 0
+        dropped = self._discard_oldest(spare_samples, silence_only=True)
+        if dropped:
+            self.stats.trimmed_samples += dropped
             self._margins_s.clear()  # the next trim needs a whole window at the new depth
             self._trim_window = TRIM_WINDOW_PULLS
 

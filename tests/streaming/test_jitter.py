@@ -70,14 +70,15 @@ def simulate_call(
     seconds: float,
     arrival_s: Callable[[int], float],
     speech: Callable[[int], bool],
+    first_pull_s: float = 0.013,
 ) -> tuple[list[tuple[float, float]], np.ndarray]:
-    """20 ms blocks, block ``i`` arriving at ``arrival_s(i)``; a pull every 40 ms at 13 ms into it.
+    """20 ms blocks, block ``i`` arriving at ``arrival_s(i)``; a pull every 40 ms from ``first_pull_s``.
 
     Returns (time, wait) of every tick that pulled audio, and everything played, in order.
     """
     blocks = round(seconds / 0.02)
     arrivals = [(arrival_s(i), 1, i) for i in range(blocks)]
-    ticks = [(k * 0.04 + 0.013, 0, k) for k in range(blocks // 2)]
+    ticks = [(first_pull_s + k * 0.04, 0, k) for k in range(blocks // 2)]
     waits: list[tuple[float, float]] = []
     played: list[np.ndarray] = []
     for t, kind, i in sorted(arrivals + ticks):
@@ -237,6 +238,29 @@ def test_steady_arrivals_are_trimmed_to_the_least_wait() -> None:
     assert buf.stats.trimmed_samples == BLOCK and buf.stats.underruns == 0
     steps = np.diff(played.astype(np.int32)) % 30000
     assert np.count_nonzero(steps != 1) == 1 and steps[steps != 1][0] == BLOCK + 1  # one block gone, in order
+
+
+def test_a_deep_start_goes_in_one_trim() -> None:
+    # The media clock's first pull comes 93 ms after the first block (a call's first audio waits for its
+    # clock): playout primes three blocks deeper than the steady arrivals need. The first trim (1 s of
+    # margins) drops all three at once; one block per trim kept the last spare one until 11 s.
+    clock = Clock()
+    buf = make_input_buffer(RATE, None, frame_ms=40.0, clock=clock)
+    waits, played = simulate_call(
+        buf,
+        clock,
+        seconds=12.0,
+        arrival_s=lambda i: i * 0.02 + 0.005,
+        speech=lambda i: False,
+        first_pull_s=0.093,
+    )
+    assert waits[0][1] == pytest.approx(88.0)
+    settled = [w for t, w in waits if t > 1.1]
+    assert settled[0] == pytest.approx(28.0) and max(settled) == pytest.approx(28.0)
+    assert buf.stats.trimmed_samples == 3 * BLOCK
+    assert buf.stats.underruns == 1 and waits[-1][0] == pytest.approx(11.973)  # the last tick: audio ended
+    steps = np.diff(played.astype(np.int32)) % 30000
+    assert np.count_nonzero(steps != 1) == 1 and steps[steps != 1][0] == 3 * BLOCK + 1  # in order
 
 
 def test_a_late_block_in_the_window_keeps_the_spare_block() -> None:
