@@ -26,7 +26,7 @@ from pipeline.runtime import (
     resolve_compile,
     resolve_devices,
 )
-from pipeline.warmup import WARMUP_TIMED_RENDERS
+from pipeline.warmup import WARMUP_TIMED_RENDERS, warm_featurizer
 from server import avatar_routes, routes
 from server.config import Settings
 from server.errors import error_middleware
@@ -145,6 +145,14 @@ def _device_engine(
     )
 
 
+def _warm_featurizer(runtime: Runtime) -> None:
+    """A session's featurizer, made as a call makes it (a media worker unpickles the front's: its modules are
+    imported now), fed a second of speech (pipeline.warmup.warm_featurizer)."""
+    start = time.perf_counter()
+    frames = warm_featurizer(runtime.backend.new_featurizer())
+    logger.info("featurizer warmed (%d frames) in %.0f ms", frames, (time.perf_counter() - start) * 1000)
+
+
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     clock = app.get(CLOCK)
@@ -154,6 +162,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.media_workers <= 1:  # this process takes calls itself (a media worker, or the only process)
         avatar = runtime.avatars[settings.avatar]
         await loop.run_in_executor(None, warm_media_path, avatar.width, avatar.height, settings.vp8())
+        await loop.run_in_executor(None, _warm_featurizer, runtime)
     runtime.engine.start()
     metrics = app[METRICS]
     metrics.attach(RuntimeCollector(runtime))

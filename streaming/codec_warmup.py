@@ -10,7 +10,8 @@ the socket meanwhile and the jitter buffer, taking it for network jitter, held ~
 * a DTLS certificate (key generation and its serialisation, as every call's peer connection does);
 * Opus: aiortc's encoder on the outbound track's frames (:func:`streaming.tracks.stereo_audio_frame`),
   its decoder, and the inbound mono resampler;
-* VP8: lipcast's encoder (a key frame and a delta frame) at the avatar's size;
+* VP8: the picture's conversion (:meth:`streaming.frames.ComposedFrame.video_frame`) and lipcast's
+  encoder (a key frame and a delta frame) at the avatar's size;
 * the speech detector and the 48 -> 16 kHz decimator.
 """
 
@@ -19,18 +20,18 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from fractions import Fraction
 
 import numpy as np
 from aiortc import RTCCertificate
 from aiortc.codecs import get_decoder, get_encoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
-from av import AudioFrame, AudioResampler, VideoFrame
+from av import AudioFrame, AudioResampler
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, VIDEO_PTS_PER_FRAME
 from streaming.encoders import Vp8Encoder, Vp8Settings
+from streaming.frames import ComposedFrame
 from streaming.resample import Decimator
 from streaming.tracks import stereo_audio_frame
 from streaming.vad import SpeechDetector
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 OPUS = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=MEDIA_SAMPLE_RATE_HZ, channels=2)
 AUDIO_FRAME_SAMPLES = MEDIA_SAMPLE_RATE_HZ // 50  # 20 ms, as the outbound track sends
-VIDEO_TIME_BASE = Fraction(1, 90_000)
 
 
 def _audio_frame(index: int) -> AudioFrame:
@@ -73,8 +73,8 @@ def _warm_video(width: int, height: int, settings: Vp8Settings | None) -> None:
     rgb = np.zeros((height, width, 3), np.uint8)
     for index in range(2):
         rgb[:, :, 1] = 40 * index
-        frame = VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
-        frame.pts, frame.time_base = index * 3600, VIDEO_TIME_BASE
+        composed = ComposedFrame(index, rgb.copy(), index * VIDEO_PTS_PER_FRAME, False, False, 0.0)
+        frame = composed.video_frame()  # as a call's picture is converted for its encoders
         encoder.encode(frame, force_keyframe=index == 0)
 
 
