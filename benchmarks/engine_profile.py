@@ -6,7 +6,7 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
 
 * ``render``: :meth:`Wav2LipBackend.render` as the engine calls it (host prep, upload, graph, download,
   patch views), mean ms over ``--iters``; and its pieces timed with CUDA events on the backend's stream:
-  upload (one pinned copy), replay (gather + network + paste), download;
+  replay (the upload from a pinned buffer, gather, network, paste: one graph), download;
 * the network alone (audio encoder + decoder on the gathered features, fp16 channels_last) captured in a
   CUDA graph; the host's steps of a render (table rows, launch, wait) in microseconds;
 * each of: eager fp32 of the whole face (the reference), the fp16 graphs with fused conv units
@@ -63,28 +63,27 @@ def mean_ms(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
 
 
 def render_pieces(backend: Wav2LipBackend, size: int, iters: int) -> dict[str, float]:
-    """CUDA-event times of one bucket's upload, replay and download (the steps of ``_launch_graph``)."""
+    """CUDA-event times of one bucket's replay (the upload is its first node) and download (the steps of
+    ``_launch_graph``), and the host time of the replay call."""
     bucket = backend._buckets[size]
     stream = backend._stream
     assert stream is not None
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-    totals = np.zeros(4)
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    totals = np.zeros(3)
     out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
     for _ in range(iters):
         with torch.cuda.stream(stream):
             marks[0].record(stream)
-            bucket.upload.copy_(bucket.upload_host, non_blocking=True)
-            marks[1].record(stream)
             t0 = time.perf_counter()
             bucket.graph.replay()
             call_s = time.perf_counter() - t0
-            marks[2].record(stream)
+            marks[1].record(stream)
             out_host.copy_(bucket.out, non_blocking=True)
-            marks[3].record(stream)
+            marks[2].record(stream)
         stream.synchronize()
-        totals += [*(marks[i].elapsed_time(marks[i + 1]) for i in range(3)), call_s * 1e3]
-    upload, replay, download, call = totals / iters
-    return {"upload_ms": upload, "replay_ms": replay, "download_ms": download, "replay_call_us": call * 1e3}
+        totals += [*(marks[i].elapsed_time(marks[i + 1]) for i in range(2)), call_s * 1e3]
+    replay, download, call = totals / iters
+    return {"replay_ms": replay, "download_ms": download, "replay_call_us": call * 1e3}
 
 
 def network_graph_ms(fn: Callable[[], torch.Tensor], iters: int) -> float:
