@@ -264,8 +264,7 @@ class InputAudioBuffer:
         # percentile (an underrun's allowance, a spike not yet forgotten) is kept as well.
         held_ms = max(0.0, jitter.jitter_ms - jitter.percentile_ms)
         spare_s = min(self._margins_s) - (TRIM_GUARD_MS + held_ms) / 1000.0
-        spare_samples = int(spare_s * self.sample_rate_hz) if spare_s > 0 else 0
-        dropped = self._discard_oldest(spare_samples, silence_only=True)
+        dropped = self._discard_oldest(max(0, int(spare_s * self.sample_rate_hz)), silence_only=True)
         if dropped:
             self.stats.trimmed_samples += dropped
             self._margins_s.clear()  # the next trim needs a whole window at the new depth

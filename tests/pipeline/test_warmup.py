@@ -13,22 +13,24 @@ from pipeline.wav2lip.featurizer import Wav2LipFeaturizer
 from pipeline.wav2lip.mel import SILENCE_LEVEL
 
 
-class RecordingFeaturizer:
-    """Keeps what it was fed; its conditioning is the hop's peak level."""
+class Recording:
+    """A featurizer (``inner``) whose hops, speech flags and conditioning are kept."""
 
-    lookahead_samples = 0
-
-    def __init__(self) -> None:
+    def __init__(self, inner: Featurizer) -> None:
+        self.inner = inner
+        self.lookahead_samples = inner.lookahead_samples
         self.hops: list[FloatArray] = []
         self.speech_flags: list[bool] = []
+        self.out: list[FloatArray] = []
 
     def push(self, hop: FloatArray) -> FloatArray:
         self.hops.append(hop.copy())
-        return np.array([np.abs(hop).max()], np.float32)
+        self.out.append(self.inner.push(hop))
+        return self.out[-1]
 
     def is_at_rest(self, conditioning: FloatArray, speech: bool) -> bool:
         self.speech_flags.append(speech)
-        return not speech
+        return self.inner.is_at_rest(conditioning, speech)
 
 
 def test_speech_like_audio_has_loud_and_silent_stretches() -> None:
@@ -43,7 +45,7 @@ def test_speech_like_audio_has_loud_and_silent_stretches() -> None:
 
 
 def test_warm_featurizer_feeds_whole_hops_of_speech_then_silence_and_asks_rest_per_frame() -> None:
-    featurizer = RecordingFeaturizer()
+    featurizer = Recording(Wav2LipFeaturizer())
     frames = warm_featurizer(featurizer, seconds=1.0)
     assert frames == 2 * FEATURE_SAMPLE_RATE_HZ // FEATURE_SAMPLES_PER_FRAME == len(featurizer.hops)
     assert all(hop.shape == (FEATURE_SAMPLES_PER_FRAME,) for hop in featurizer.hops)
@@ -51,27 +53,11 @@ def test_warm_featurizer_feeds_whole_hops_of_speech_then_silence_and_asks_rest_p
     assert any(featurizer.speech_flags[:25]) and not any(featurizer.speech_flags[25:])
 
 
-class Watched:
-    """A real featurizer whose conditioning is kept."""
-
-    def __init__(self, inner: Featurizer) -> None:
-        self.inner = inner
-        self.lookahead_samples = inner.lookahead_samples
-        self.out: list[FloatArray] = []
-
-    def push(self, hop: FloatArray) -> FloatArray:
-        self.out.append(self.inner.push(hop))
-        return self.out[-1]
-
-    def is_at_rest(self, conditioning: FloatArray, speech: bool) -> bool:
-        return self.inner.is_at_rest(conditioning, speech)
-
-
 def test_warm_featurizer_runs_the_real_featurizers_through_speech() -> None:
-    wav2lip = Watched(Wav2LipFeaturizer())
+    wav2lip = Recording(Wav2LipFeaturizer())
     warm_featurizer(wav2lip)
     assert all(window.shape == (80, 16) for window in wav2lip.out)
     assert max(window.max() for window in wav2lip.out) > SILENCE_LEVEL + 1.0  # mel windows of the speech
-    builtin = Watched(BuiltinBackend(torch.device("cpu")).new_featurizer())
+    builtin = Recording(BuiltinBackend(torch.device("cpu")).new_featurizer())
     warm_featurizer(builtin)
     assert max(conditioning[0] for conditioning in builtin.out) > 0.1  # the mouth opened
