@@ -37,9 +37,14 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# lipcast/ is the import root; it links to the folders beside it (the call pages and avatar included).
+COPY lipcast ./lipcast
 COPY server ./server
 COPY streaming ./streaming
 COPY pipeline ./pipeline
+COPY probe ./probe
+COPY integrations ./integrations
+COPY static ./static
 RUN pip install --no-cache-dir . \
     && python -c "import torch, aiortc, av, cv2, webrtcvad; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
@@ -54,8 +59,6 @@ RUN apt-get update \
     && mkdir -p /models /avatars \
     && chown lipcast:lipcast /avatars
 COPY --from=build /opt/venv /opt/venv
-# The call page: a non-editable install has no source tree next to it, so point the server at a copy.
-COPY static /opt/lipcast/static
 
 # Every setting is also a LIPCAST_* variable (flags win); these are the image's defaults.
 #   /models:  weights you supply, e.g. LIPCAST_BACKEND=wav2lip LIPCAST_CHECKPOINT=/models/wav2lip_gan.pth
@@ -64,7 +67,6 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     LIPCAST_HOST=0.0.0.0 \
     LIPCAST_PORT=8080 \
-    LIPCAST_STATIC_DIR=/opt/lipcast/static \
     LIPCAST_AVATAR_DIRS=/avatars
 VOLUME ["/models", "/avatars"]
 # Numeric, so that Kubernetes' runAsNonRoot can check it.

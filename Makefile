@@ -9,13 +9,15 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
+# lipcast/ is the import root; its parts are the folders it links to.
+SOURCES := lipcast server streaming pipeline probe integrations tests
 
 # Linters for the Dockerfile and the Kubernetes manifests, in a venv of their own (docker cannot build here).
 DEPLOY_TOOLS := $(VENV)/deploy-tools
 K8S_MANIFESTS := deploy/k8s/configmap.yaml deploy/k8s/turn-secret.example.yaml deploy/k8s/volumes.yaml \
 	deploy/k8s/deployment.yaml deploy/k8s/service.yaml
 
-.PHONY: run test test-deps test-stress lint lint-docker lint-k8s typecheck check clean
+.PHONY: run test test-wheel test-deps test-stress lint lint-docker lint-k8s typecheck check docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,11 +29,21 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(BIN)/lipcast serve --host $(HOST) --port $(PORT)
 
-# Lint and types first (seconds), then the tests.
+# Lint, types and the import layers first (seconds), then the tests.
 test: $(STAMP)
-	$(BIN)/ruff check server streaming pipeline tests
+	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The package as users get it: build the wheel, install it into a clean virtualenv outside the checkout,
+# `lipcast serve` from an empty directory, load the call page, make one call (.ci/run does this too).
+test-wheel:
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" bash .ci/check-wheel
+
+# docs/configuration.md from `lipcast serve`'s parser (tests/test_docs.py fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/python -m lipcast.server.config_doc > docs/configuration.md
 
 # The Debian packages of the system tests (chromium, nginx, iproute2); as root. .ci/run does this too.
 test-deps:
@@ -43,8 +55,8 @@ test-stress:
 	bash benchmarks/stress_test.sh $(STRESS_RUNS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check server streaming pipeline tests
-	$(BIN)/ruff format --check server streaming pipeline tests
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 $(DEPLOY_TOOLS)/.installed:
 	test -x $(DEPLOY_TOOLS)/bin/python || $(PYTHON) -m venv $(DEPLOY_TOOLS)

@@ -10,8 +10,8 @@ Per batch size, with random weights and the model bench's synthetic avatar (256x
 * the network alone (audio encoder + decoder on the gathered features, fp16 channels_last) captured in a
   CUDA graph; the host's steps of a render (table rows, launch, wait) in microseconds;
 * each of: eager fp32 of the whole face (the reference), the fp16 graphs with fused conv units
-  (:mod:`pipeline.wav2lip.fused`) decoding the whole face, and the same decoding only the rows the paste
-  reads (:mod:`pipeline.wav2lip.rows`, the default), all with the same random weights; every variant's
+  (:mod:`lipcast.pipeline.wav2lip.fused`) decoding the whole face, and the same decoding only the rows the paste
+  reads (:mod:`lipcast.pipeline.wav2lip.rows`, the default), all with the same random weights; every variant's
   patches against the fp32 reference's (uint8 |difference|, max and mean);
 * the top CUDA kernels of the largest size's render (torch.profiler) of both fp16 variants, to
   ``DIR/kernels_<variant>.txt``;
@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.bench import random_items, synthetic_avatar
-from pipeline.wav2lip.compile_cache import CompileCache
-from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
-from pipeline.wav2lip.model import Wav2Lip
-from pipeline.wav2lip.rows import decode_rows
-from pipeline.wav2lip.tables import batch_rows
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.bench import random_items, synthetic_avatar
+from lipcast.pipeline.wav2lip.compile_cache import CompileCache
+from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+from lipcast.pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.rows import decode_rows
+from lipcast.pipeline.wav2lip.tables import batch_rows
 
 START_S = time.perf_counter()
 

@@ -43,7 +43,7 @@ fi
 for backend in $BACKENDS; do
   extra=()
   if [ "$backend" = wav2lip ]; then extra=(--checkpoint /tmp/w2l_random.pth); fi
-  taskset -c "$SERVER_CPUS" $PY -m server serve --backend "$backend" "${extra[@]}" --device "$DEVICE" \
+  taskset -c "$SERVER_CPUS" $PY -m lipcast serve --backend "$backend" "${extra[@]}" --device "$DEVICE" \
     --port "$PORT" --max-sessions 64 --media-workers "$WORKERS" --render-in "$RENDER_IN" \
     --ice-address 127.0.0.1 --log-level WARNING \
     > "$OUT/serve_$backend.log" 2>&1 &
@@ -73,7 +73,7 @@ for backend in $BACKENDS; do
       SMI=$!
     fi
     step_start=$(date +%s)
-    timeout $(( left - 5 )) taskset -c "$CLIENT_CPUS" $PY -m server probe "http://127.0.0.1:$PORT" \
+    timeout $(( left - 5 )) taskset -c "$CLIENT_CPUS" $PY -m lipcast probe "http://127.0.0.1:$PORT" \
       --ice-address 127.0.0.1 --sessions "${n%%p*}" --client-processes "$procs" --ramp-s 2 --duration-s "$duration" \
       --json "$OUT/probe_${backend}_$n.json" > "$OUT/probe_${backend}_$n.txt" 2>&1
     if [ -n "$SMI" ]; then kill "$SMI"; wait "$SMI" 2> /dev/null; fi

@@ -22,16 +22,16 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, not an installed one
-import pipeline.offline as offline  # noqa: E402
-from server.probe.patterns import burst_pattern  # noqa: E402
-from streaming.encoders import Vp8Settings, open_vp8  # noqa: E402
-from streaming.frames import to_yuv420p  # noqa: E402
+import lipcast.pipeline.offline as offline  # noqa: E402
+from lipcast.probe.patterns import burst_pattern  # noqa: E402
+from lipcast.streaming.encoders import Vp8Settings, open_vp8  # noqa: E402
+from lipcast.streaming.frames import to_yuv420p  # noqa: E402
 
 
 def composed_frames(seconds: float) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """The built-in backend's composed pictures of the burst pattern, and the probe's mouth box."""
-    from server.routes import avatar_json
-    from server.tools_cli import _engine
+    from lipcast.server.routes import avatar_json
+    from lipcast.server.tools_cli import _engine
 
     frames: list[np.ndarray] = []
 

@@ -47,7 +47,7 @@ if has build; then
   step "first build of the compiled kernels, every default bucket, empty cache"
   rm -rf "$CACHE"
   t0=$(date +%s.%N)
-  timeout 300 $PY -m server engine build --device "$DEVICE" --compile-cache-dir "$CACHE" --json "$OUT/build.json" \
+  timeout 300 $PY -m lipcast engine build --device "$DEVICE" --compile-cache-dir "$CACHE" --json "$OUT/build.json" \
     2>&1 | grep -v "^$" | tail -12
   echo "first build: $(seconds_since "$t0") s (the process, start to exit)" | tee "$OUT/build_time.txt"
 fi
@@ -58,7 +58,7 @@ serve_probe() {  # $1 tag, $2 calls; the rest: extra serve flags. A cold start w
   step "cold start '$tag' with the warm cache (wav2lip on $DEVICE; flags: $*)"
   t0=$(date +%s.%N)
   # Stalls of 25 ms and more are logged (the default is 100): a first call's one-time work shows there.
-  $PY -m server serve --backend wav2lip --checkpoint "$WORK/w2l.pth" --device "$DEVICE" --port "$PORT" \
+  $PY -m lipcast serve --backend wav2lip --checkpoint "$WORK/w2l.pth" --device "$DEVICE" --port "$PORT" \
     --ice-address 127.0.0.1 --compile-cache-dir "$CACHE" --loop-stall-ms 25 "$@" > "$WORK/serve_$tag.log" 2>&1 &
   server=$!
   until curl -sf "http://127.0.0.1:$PORT/readyz" > /dev/null 2>&1; do
@@ -72,7 +72,7 @@ serve_probe() {  # $1 tag, $2 calls; the rest: extra serve flags. A cold start w
     "$WORK/serve_$tag.log" | cut -c1-200 | tail -6
   for call in $(seq 1 "$calls"); do
     step "call $call on '$tag'"
-    timeout $((DURATION_S + 40)) $PY -m server probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
+    timeout $((DURATION_S + 40)) $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
       --duration-s "$DURATION_S" --video-release marker --json "$OUT/probe_${tag}_$call.json" 2>&1 \
       | grep -v " INFO " | head -40
   done

@@ -16,7 +16,7 @@ serve_probe() {  # $1 tag, $2 video-release modes (comma-separated), rest: extra
   local tag=$1 releases=$2; shift 2
   local t0 t1
   t0=$(date +%s.%N)
-  $PY -m server serve --backend wav2lip --checkpoint /tmp/w2l.pth --device "$DEVICE" --port "$PORT" \
+  $PY -m lipcast serve --backend wav2lip --checkpoint /tmp/w2l.pth --device "$DEVICE" --port "$PORT" \
     --ice-address 127.0.0.1 --media-workers 1 --batch-sizes 1,2,4 --wav2lip-compile off "$@" \
     > "$OUT/serve_$tag.log" 2>&1 &
   local server=$!
@@ -30,7 +30,7 @@ serve_probe() {  # $1 tag, $2 video-release modes (comma-separated), rest: extra
   grep -E "render budget|fp16|Error" "$OUT/serve_$tag.log" | cut -c1-200 | tail -3
   for release in ${releases//,/ }; do
     echo "--- probe $tag, video release $release"
-    timeout $((DURATION_S + 40)) $PY -m server probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
+    timeout $((DURATION_S + 40)) $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
       --duration-s "$DURATION_S" --video-release "$release" --json "$OUT/probe_${tag}_$release.json" 2>&1 \
       | grep -v " INFO " | head -24
   done

@@ -29,7 +29,7 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-from server.pipecat_avatar import LipcastAvatar
+from lipcast.integrations.pipecat import LipcastAvatar
 
 RATE_HZ = 24_000
 CHUNK = RATE_HZ // 50  # 20 ms frames

@@ -12,9 +12,9 @@ Layout of an avatar directory::
 Coordinates are frame pixels, x to the right, y down. Face boxes are ``[x1, y1, x2, y2)``. A mouth row is the
 left and right lip corners, the y where the lips meet on the mouth's centre line, and the y of the chin's
 lowest point. An eyes row (optional, version 1 files without it still load) is the centres of the eye on the
-frame's left and of the one on its right; a still avatar with eyes blinks at rest (:mod:`pipeline.idle`).
-``idle_motion`` (default true) lets a one-frame avatar breathe and blink at rest. Frames are kept as RGB
-uint8 (PNG or JPEG files).
+frame's left and of the one on its right; a still avatar with eyes blinks at rest
+(:mod:`lipcast.pipeline.idle`). ``idle_motion`` (default true) lets a one-frame avatar breathe and blink at
+rest. Frames are kept as RGB uint8 (PNG or JPEG files).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy.typing as npt
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-BUILTIN_AVATAR_DIR = Path(__file__).resolve().parent / "avatars"
+BUILTIN_AVATAR_DIR = Path(str(resources.files("lipcast.pipeline") / "avatars"))  # inside the package
 DEFAULT_AVATAR = "astronaut"
 JPEG_QUALITY = 95  # frames of video avatars (the source is lossy already)
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")

@@ -1,13 +1,14 @@
-"""Avatar preparation: a user's video or photo -> an avatar directory (:mod:`pipeline.avatar`).
+"""Avatar preparation: a user's video or photo -> an avatar directory (:mod:`lipcast.pipeline.avatar`).
 
 Steps: probe the input with PyAV (a video, or a still image); decode it, resampled to the avatar's frame rate
 (nearest source frame) and scaled so its longer side is at most ``max_side_px``; find the face in every frame
-(:mod:`pipeline.face_detect`, following the face chosen in the previous frame); fill frames without a face by
-interpolation and smooth the face geometry over time (:mod:`pipeline.face_track`); write frames and manifest.
+(:mod:`lipcast.pipeline.face_detect`, following the face chosen in the previous frame); fill frames without a
+face by interpolation and smooth the face geometry over time (:mod:`lipcast.pipeline.face_track`); write
+frames and manifest.
 
 Everything is written into a hidden work directory next to the destination and renamed into place at the
 end, so a failed or interrupted preparation leaves no partial avatar behind. The result is loaded back with
-:func:`pipeline.avatar.load_avatar`, so whatever the server will check is checked here too.
+:func:`lipcast.pipeline.avatar.load_avatar`, so whatever the server will check is checked here too.
 
 What each backend derives from the manifest (the built-in backend's mouth ROIs, Wav2Lip's 96x96 face crops
 and masks) is computed from these frames and this geometry when the avatar is added to the engine, once,
@@ -32,14 +33,14 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import (
+from lipcast.pipeline.avatar import (
     Avatar,
     load_avatar,
     validate_name,
     write_frame,
     write_manifest,
 )
-from pipeline.face_detect import (
+from lipcast.pipeline.face_detect import (
     BOX,
     EYES,
     GEOMETRY_SIZE,
@@ -49,7 +50,7 @@ from pipeline.face_detect import (
     create_detector,
     face_geometry,
 )
-from pipeline.face_track import (
+from lipcast.pipeline.face_track import (
     FaceTracker,
     NoFaceError,
     PrepareError,
@@ -58,7 +59,7 @@ from pipeline.face_track import (
     int_boxes,
     smooth_over_time,
 )
-from pipeline.timing import FPS
+from lipcast.pipeline.timing import FPS
 
 logger = logging.getLogger(__name__)
 

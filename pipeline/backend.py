@@ -10,8 +10,8 @@ A backend is split in two along the line between per-session state and batchable
   conditioning) into image patches. It holds no per-session state, so the engine can batch the frames due
   from every session into one call.
 
-Timing contract (see :mod:`pipeline.windows`): after the n-th call to ``Featurizer.push`` (n = 1, 2, ...)
-the returned conditioning belongs to the video frame whose own audio is the hop that ends
+Timing contract (see :mod:`lipcast.pipeline.windows`): after the n-th call to ``Featurizer.push`` (n = 1, 2,
+...) the returned conditioning belongs to the video frame whose own audio is the hop that ends
 ``lookahead_samples`` before the newest pushed sample. The streaming layer therefore delays the outgoing audio
 by exactly ``lookahead_samples`` so that each frame leaves with its own audio.
 """
@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import Avatar
+from lipcast.pipeline.avatar import Avatar
 
 FloatArray = npt.NDArray[np.float32]
 UInt8Array = npt.NDArray[np.uint8]

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.avatar import Avatar
-from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
-from pipeline.defaults import RENDER_BUDGET_MS
-from pipeline.engine import RenderEngine
-from pipeline.timing import FEATURE_SAMPLES_PER_FRAME, FPS
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from lipcast.pipeline.defaults import RENDER_BUDGET_MS
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.timing import FEATURE_SAMPLES_PER_FRAME, FPS
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The built-in lip-sync backend: no downloaded weights, a few mouth parameters, an analytic warp.
 
-Per session a :class:`pipeline.features.MouthFeaturizer` turns audio into ``[open, wide, round]`` per frame;
-per batch :func:`pipeline.mouth_warp.render_mouths` animates each frame's mouth region (ROI). The ROI is a
-fixed-size box around the mouth and chin (the same size for every frame of an avatar, placed per frame and
-kept inside it), so one avatar's items stack into one tensor and one ``grid_sample`` call.
+Per session a :class:`lipcast.pipeline.features.MouthFeaturizer` turns audio into ``[open, wide, round]`` per
+frame; per batch :func:`lipcast.pipeline.mouth_warp.render_mouths` animates each frame's mouth region (ROI).
+The ROI is a fixed-size box around the mouth and chin (the same size for every frame of an avatar, placed per
+frame and kept inside it), so one avatar's items stack into one tensor and one ``grid_sample`` call.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pipeline.avatar import Avatar, UnknownAvatarError
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.defaults import BUILTIN
-from pipeline.features import CONDITIONING_SIZE, DEFAULT_LOOKAHEAD_MS, MouthFeaturizer
-from pipeline.mouth_warp import render_mouths
-from pipeline.windows import FrameGrid
+from lipcast.pipeline.avatar import Avatar, UnknownAvatarError
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.defaults import BUILTIN
+from lipcast.pipeline.features import CONDITIONING_SIZE, DEFAULT_LOOKAHEAD_MS, MouthFeaturizer
+from lipcast.pipeline.mouth_warp import render_mouths
+from lipcast.pipeline.windows import FrameGrid
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +76,10 @@ class _PreparedAvatar:
 
 
 class BuiltinBackend:
-    """:class:`pipeline.backend.LipSyncBackend` with an analytic mouth warp; the same code on CPU and CUDA.
+    """:class:`lipcast.pipeline.backend.LipSyncBackend` with an analytic mouth warp; the same code on CPU and
+    CUDA.
 
-    Conditioning: float32 ``(3,)`` = ``[open, wide, round]`` in [0, 1] (see :mod:`pipeline.features`).
+    Conditioning: float32 ``(3,)`` = ``[open, wide, round]`` in [0, 1] (see :mod:`lipcast.pipeline.features`).
     """
 
     name = BUILTIN

@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pipeline.backend import RenderedPatch
-from pipeline.easing import smoothstep
+from lipcast.pipeline.backend import RenderedPatch
+from lipcast.pipeline.easing import smoothstep
 
 
 def feathered_box_profiles(

@@ -1,15 +1,15 @@
 """The defaults that several layers share: backend names, batch sizes, the render budget.
 
-Settings left to "auto" (``server.config.Settings``) are resolved from these once the device is known
-(``server.app.build_runtime``); the tools and the pipeline's own constructors fall back on the same values.
-Kept free of torch so that the configuration can import it cheaply.
+Settings left to "auto" (``lipcast.server.config.Settings``) are resolved from these once the device is known
+(``lipcast.pipeline.assembly.assemble``); the tools and the pipeline's own constructors fall back on the same
+values. Kept free of torch so that the configuration can import it cheaply.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.timing import FRAME_MS
+from lipcast.pipeline.timing import FRAME_MS
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ def default_batch_sizes(device: torch.device) -> tuple[int, ...]:
 
 def default_render_budget_ms(backend: str, device: torch.device) -> float:
     """How long a frame may take from submission to presentation before it is replaced (when not measured
-    from the warm-up: see ``pipeline.runtime.measured_render_budget_ms``)."""
+    from the warm-up: see ``lipcast.pipeline.devices.measured_render_budget_ms``)."""
     if backend == WAV2LIP and device.type != "cuda":
         return CPU_WAV2LIP_RENDER_BUDGET_MS
     return RENDER_BUDGET_MS

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.avatar import Avatar
-from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
-from pipeline.warmup import WARMUP_TIMED_RENDERS, time_batch_sizes
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from lipcast.pipeline.warmup import WARMUP_TIMED_RENDERS, time_batch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ class RenderEngine:
         worker_niceness: int = 0,
         device: str = "",
     ) -> None:
-        """``batch_sizes``: the fixed batch buckets (:func:`pipeline.defaults.default_batch_sizes` picks
-        them per device). ``device`` names the backend's device (``"cuda:1"``); on CUDA the worker thread
-        makes it its current device, so that one engine per GPU renders on its own.
+        """``batch_sizes``: the fixed batch buckets (:func:`lipcast.pipeline.defaults.default_batch_sizes`
+        picks them per device). ``device`` names the backend's device (``"cuda:1"``); on CUDA the worker
+        thread makes it its current device, so that one engine per GPU renders on its own.
 
         ``worker_niceness`` > 0 lowers the worker thread's CPU priority (Linux: per thread): on a CPU
         device rendering is best effort (a late frame is repeated) while the media clock must never stall."""

@@ -1,10 +1,10 @@
 """One render engine per device (several GPUs in one server), behind the engine's own interface.
 
-Each :class:`~pipeline.engine.RenderEngine` owns one device and batches across the sessions it serves, so
-a session's frames must all go to one engine: frames of the same call batch together there, and a call
+Each :class:`~lipcast.pipeline.engine.RenderEngine` owns one device and batches across the sessions it serves,
+so a session's frames must all go to one engine: frames of the same call batch together there, and a call
 never waits on a second GPU's queue. With media workers (the usual case) each worker is bound to one engine
-and the front places a new call on the engine with the most headroom (:mod:`server.front.pool`); frames
-submitted here directly (``--media-workers 1``) are given an engine per session on the session's first
+and the front places a new call on the engine with the most headroom (:mod:`lipcast.server.front.pool`);
+frames submitted here directly (``--media-workers 1``) are given an engine per session on the session's first
 frame: the one serving the fewest sessions. Avatars are prepared on every engine, warm-up renders every
 bucket on every engine, and the counters are summed (``per_device`` has them one by one).
 """
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import fields
 
-from pipeline.avatar import Avatar
-from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
-from pipeline.engine import EngineStats, RenderEngine
-from pipeline.warmup import WARMUP_TIMED_RENDERS
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from lipcast.pipeline.engine import EngineStats, RenderEngine
+from lipcast.pipeline.warmup import WARMUP_TIMED_RENDERS
 
 
 def summed_stats(stats: Sequence[EngineStats]) -> EngineStats:
@@ -39,7 +39,8 @@ def summed_stats(stats: Sequence[EngineStats]) -> EngineStats:
 
 
 class EngineGroup:
-    """Several engines, one per device, used like one (:class:`~pipeline.engine.RenderEngine`'s methods)."""
+    """Several engines, one per device, used like one (:class:`~lipcast.pipeline.engine.RenderEngine`'s
+    methods)."""
 
     def __init__(self, engines: Sequence[RenderEngine]) -> None:
         if not engines:

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import AvatarError
+from lipcast.pipeline.avatar import AvatarError
 
 UInt8Array = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float32]
@@ -183,7 +183,7 @@ BOX, MOUTH, EYES = slice(0, 4), slice(4, 10), slice(10, 14)
 
 
 def face_geometry(detection: FaceDetection) -> FloatArray:
-    """The avatar's face box, mouth (:data:`pipeline.avatar.MOUTH_FIELDS`) and eyes for one detection.
+    """The avatar's face box, mouth (:data:`lipcast.pipeline.avatar.MOUTH_FIELDS`) and eyes for one detection.
 
     ``(14,)`` float32: face box ``x1, y1, x2, y2``, then the mouth row, then the eyes row.
     """

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import AvatarError
-from pipeline.face_detect import BOX, EYES, MOUTH, FaceDetection, FaceDetector
+from lipcast.pipeline.avatar import AvatarError
+from lipcast.pipeline.face_detect import BOX, EYES, MOUTH, FaceDetection, FaceDetector
 
 UInt8Array = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float32]

@@ -25,8 +25,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.easing import smoothstep
-from pipeline.windows import FrameGrid
+from lipcast.pipeline.easing import smoothstep
+from lipcast.pipeline.windows import FrameGrid
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -121,7 +121,8 @@ class AttackReleaseSmoother:
 
 
 class MouthFeaturizer:
-    """Per-session streaming featurizer (the :class:`pipeline.backend.Featurizer` of the built-in backend).
+    """Per-session streaming featurizer (the :class:`lipcast.pipeline.backend.Featurizer` of the built-in
+    backend).
 
     ``push(hop)`` takes ``grid.samples_per_frame`` samples of 16 kHz mono float32 audio and returns the
     conditioning ``float32 (3,) = [open, wide, round]`` of the frame whose hop ends ``lookahead_samples``

@@ -1,13 +1,13 @@
 """Idle motion for still avatars: a precomputed loop of breathing and a blink, made once per avatar.
 
-A video avatar idles by playing its own frames forth and back (``streaming.avatar_stream.idle_frame_index``).
-A one-frame avatar (a photo) would stand frozen, so :func:`with_idle_motion` turns it into
-:data:`IDLE_LOOP_FRAMES` frames that the same ping-pong plays: frame 0 is the photo itself; over the loop the
-shoulders rise (an inhalation; the way back is the exhalation), and in its middle the eyes blink once (so the
-ping-pong blinks every :data:`IDLE_LOOP_FRAMES` - 1 frames, 2.9 s at 25 fps). Breathing follows a half
-cosine, so the ping-pong turns without a jerk. The face itself does not move: the mouth region stays exactly
-as in the photo, so the lip-sync backends' crops and the geometry are the photo's in every frame, and a still
-mouth at rest is still in the video too.
+A video avatar idles by playing its own frames forth and back
+(``lipcast.streaming.avatar_stream.idle_frame_index``). A one-frame avatar (a photo) would stand frozen, so
+:func:`with_idle_motion` turns it into :data:`IDLE_LOOP_FRAMES` frames that the same ping-pong plays: frame 0
+is the photo itself; over the loop the shoulders rise (an inhalation; the way back is the exhalation), and in
+its middle the eyes blink once (so the ping-pong blinks every :data:`IDLE_LOOP_FRAMES` - 1 frames, 2.9 s at 25
+fps). Breathing follows a half cosine, so the ping-pong turns without a jerk. The face itself does not move:
+the mouth region stays exactly as in the photo, so the lip-sync backends' crops and the geometry are the
+photo's in every frame, and a still mouth at rest is still in the video too.
 
 All of it is computed at load time (a few ms per frame), never per tick: sessions only index the frames.
 """
@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import Avatar
+from lipcast.pipeline.avatar import Avatar
 
 logger = logging.getLogger(__name__)
 

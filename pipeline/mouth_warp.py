@@ -2,8 +2,8 @@
 
 Pure tensor code, batched, the same on the CPU and on CUDA. Everything works on mouth regions of interest
 (ROIs): ``rois`` are ``(B, 3, H, W)`` float RGB in [0, 255]; ``geometry`` is ``(B, 6)`` float, the mouth in
-:data:`pipeline.avatar.MOUTH_FIELDS` order in ROI pixel coordinates (x = column, y = row, pixel centres on
-integers); ``params`` is ``(B, 3)`` float ``[open, wide, round]`` in [0, 1].
+:data:`lipcast.pipeline.avatar.MOUTH_FIELDS` order in ROI pixel coordinates (x = column, y = row, pixel
+centres on integers); ``params`` is ``(B, 3)`` float ``[open, wide, round]`` in [0, 1].
 
 The warp is backward: every output pixel samples the ROI at a source position ``(x - dx, y - dy)``.
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pipeline.easing import smoothstep
+from lipcast.pipeline.easing import smoothstep
 
 # Motion, relative to the mouth width (corner to corner) or half-width (centre to corner, "u" units).
 JAW_DROP_PER_WIDTH = 0.26  # jaw drop at open = 1

@@ -20,13 +20,13 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.audio_file import decode_audio
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.compositing import paste_patch
-from pipeline.engine import RenderEngine
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS, MEDIA_SAMPLE_RATE_HZ
-from pipeline.windows import FrameGrid
+from lipcast.pipeline.audio_file import decode_audio
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.compositing import paste_patch
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS, MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.windows import FrameGrid
 
 Progress = Callable[[int, int, float], None]
 

@@ -1,9 +1,10 @@
 """The avatars a server offers: loaded, given their idle loop, and prepared on the render engine.
 
-:class:`AvatarRegistry` is a read-only mapping (name -> :class:`~pipeline.avatar.Avatar`) for the sessions and
-handlers, and :meth:`AvatarRegistry.add` publishes a new avatar at any time, from any thread: the engine
-prepares it first (on its worker, between batches), and only then does the name appear, so a call can never
-pick an avatar the engine does not have. Readers see an immutable snapshot; writers replace it under a lock.
+:class:`AvatarRegistry` is a read-only mapping (name -> :class:`~lipcast.pipeline.avatar.Avatar`) for the
+sessions and handlers, and :meth:`AvatarRegistry.add` publishes a new avatar at any time, from any thread: the
+engine prepares it first (on its worker, between batches), and only then does the name appear, so a call can
+never pick an avatar the engine does not have. Readers see an immutable snapshot; writers replace it under a
+lock.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.avatar import Avatar, load_avatar
-from pipeline.idle import with_idle_motion
+from lipcast.pipeline.avatar import Avatar, load_avatar
+from lipcast.pipeline.idle import with_idle_motion
 
 logger = logging.getLogger(__name__)
 

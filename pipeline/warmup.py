@@ -1,6 +1,6 @@
 """Warm-up: render a batch of every fixed size (cuDNN autotuning, CUDA graph capture, compilation), then time
-the steady renders. One routine for the engine (:meth:`pipeline.engine.RenderEngine.warmup`) and for a backend
-warmed up on its own (:meth:`pipeline.wav2lip.backend.Wav2LipBackend.warmup`).
+the steady renders. One routine for the engine (:meth:`lipcast.pipeline.engine.RenderEngine.warmup`) and for a
+backend warmed up on its own (:meth:`lipcast.pipeline.wav2lip.backend.Wav2LipBackend.warmup`).
 
 And a featurizer's first speech (:func:`warm_featurizer`): a process that takes calls runs it once before it
 says ready, so that a call's first frames do not pay for what a featurizer does once per process (a media
@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipeline.backend import Featurizer, FloatArray, RenderedPatch, RenderItem
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FEATURE_SAMPLES_PER_FRAME
+from lipcast.pipeline.backend import Featurizer, FloatArray, RenderedPatch, RenderItem
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FEATURE_SAMPLES_PER_FRAME
 
 WARMUP_TIMED_RENDERS = 5  # after the first render of a size (which captures, tunes, compiles)
 

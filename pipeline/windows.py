@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FPS
 
 
 @dataclass(frozen=True)

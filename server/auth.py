@@ -11,8 +11,8 @@ import hmac
 
 from aiohttp import web
 
-from server.errors import UnauthorizedError
-from server.state import SETTINGS
+from lipcast.server.errors import UnauthorizedError
+from lipcast.server.state import SETTINGS
 
 
 def bearer_token(request: web.Request) -> str | None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.avatar_prepare import DEFAULT_MAX_DURATION_S, DEFAULT_MAX_SIDE_PX
+from lipcast.pipeline.avatar_prepare import DEFAULT_MAX_DURATION_S, DEFAULT_MAX_SIDE_PX
 
 
 def _box(text: str) -> tuple[float, float, float, float]:
@@ -44,8 +44,8 @@ class ProgressLine:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from pipeline.avatar import AvatarError
-    from pipeline.avatar_prepare import PrepareOptions, prepare_avatar
+    from lipcast.pipeline.avatar import AvatarError
+    from lipcast.pipeline.avatar_prepare import PrepareOptions, prepare_avatar
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

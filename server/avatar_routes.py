@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +31,8 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from pipeline.avatar import Avatar, AvatarError, validate_name
-from pipeline.avatar_prepare import (
+from lipcast.pipeline.avatar import AvatarError, validate_name
+from lipcast.pipeline.avatar_prepare import (
     AvatarExistsError,
     InputLimitError,
     NoFaceError,
@@ -43,10 +43,10 @@ from pipeline.avatar_prepare import (
     prepare_avatar,
     probe_media,
 )
-from pipeline.face_detect import create_detector
-from server.auth import require_bearer
-from server.config import Settings
-from server.errors import (
+from lipcast.pipeline.face_detect import create_detector
+from lipcast.server.auth import require_bearer
+from lipcast.server.config import Settings
+from lipcast.server.errors import (
     ApiError,
     BadRequestError,
     ConflictError,
@@ -56,11 +56,11 @@ from server.errors import (
     UnprocessableError,
     UnsupportedMediaTypeError,
 )
-from server.state import RUNTIME, SETTINGS, Runtime, runtime_of
+from lipcast.server.state import RUNTIME, SETTINGS, Runtime, runtime_of
+from lipcast.streaming.wire import AvatarJson, avatar_json
 
 logger = logging.getLogger(__name__)
 
-Describe = Callable[[Avatar], dict[str, Any]]
 
 STAGING_DIR = ".uploads"  # inside the upload directory; hidden, so never taken for an avatar
 CHUNK_BYTES = 256 * 1024
@@ -103,7 +103,7 @@ class AvatarJob:
     frames_total: int | None = None
     error: str | None = None
     status: int | None = None
-    avatar: dict[str, Any] | None = None
+    avatar: AvatarJson | None = None
     created_s: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -129,10 +129,9 @@ class AvatarJob:
 class AvatarJobs:
     """Preparation jobs on one worker thread; names are reserved from upload to the end of the job."""
 
-    def __init__(self, runtime: Runtime, upload_dir: Path, describe: Describe) -> None:
+    def __init__(self, runtime: Runtime, upload_dir: Path) -> None:
         self.runtime = runtime
         self.upload_dir = upload_dir
-        self.describe = describe
         self.jobs: OrderedDict[str, AvatarJob] = OrderedDict()
         self._reserved: set[str] = set()
         self._lock = threading.Lock()
@@ -209,7 +208,7 @@ class AvatarJobs:
         try:
             avatar = prepare_avatar(staged, job.name, self.upload_dir, self.options(), progress=progress)
             prepared = True
-            job.avatar = self.describe(self.runtime.avatars.add(avatar))
+            job.avatar = avatar_json(self.runtime.avatars.add(avatar))
             job.state = "done"
             logger.info("avatar job %s: %r ready", job.id, job.name)
         except AvatarError as e:
@@ -332,14 +331,14 @@ async def avatar_job(request: web.Request) -> web.Response:
     return web.json_response(jobs_of(request).get(request.match_info["job_id"]).to_json())
 
 
-def setup(app: web.Application, describe: Describe) -> None:
+def setup(app: web.Application) -> None:
     """Register the upload routes; the jobs start with the runtime and stop before it."""
 
     async def jobs_ctx(app: web.Application) -> AsyncIterator[None]:
         upload_dir = app[SETTINGS].upload_dir
         jobs = None
         if upload_dir is not None:
-            jobs = AvatarJobs(app[RUNTIME], upload_dir, describe)
+            jobs = AvatarJobs(app[RUNTIME], upload_dir)
             app[JOBS] = jobs
         try:
             yield

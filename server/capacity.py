@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from server.errors import CapacityError
+from lipcast.server.errors import CapacityError
 
 RETRY_AFTER_S = 10  # full (or draining): when to try again
 STARTING_RETRY_AFTER_S = 5  # warming up or not ready: when to try again

@@ -1,4 +1,5 @@
-"""The ``lipcast`` command: ``lipcast serve`` (the default) and the tools that later issues add."""
+"""The server's commands of ``lipcast`` (:mod:`lipcast.cli` assembles the whole command line): ``serve`` and
+the tools that prepare avatars, render files offline and build the engine's caches."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from typing import Any
 
-from server import avatar_cli, engine_cli, tools_cli
-from server.flags import build_parser, settings_from
-from server.probe.cli import add_arguments as add_probe_arguments
-from streaming.memory import keep_frame_buffers_in_heap
-from streaming.rtc import restrict_host_addresses
+from lipcast.server import avatar_cli, engine_cli, tools_cli
+from lipcast.server.flags import build_parser, settings_from
+from lipcast.streaming.memory import keep_frame_buffers_in_heap
+from lipcast.streaming.rtc import restrict_host_addresses
 
 logger = logging.getLogger("lipcast")
 
@@ -27,10 +27,10 @@ def configure_logging(level: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from server.app import create_app
-    from server.serve import serve_until_signalled
-    from server.virtualcam import VirtualCameraError
-    from server.virtualcam import check_available as check_virtualcam
+    from lipcast.server.app import create_app
+    from lipcast.server.serve import serve_until_signalled
+    from lipcast.server.virtualcam import VirtualCameraError
+    from lipcast.server.virtualcam import check_available as check_virtualcam
 
     try:
         settings = settings_from(args)
@@ -53,34 +53,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe(args: argparse.Namespace) -> int:
-    from server.probe.cli import main as probe_main
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return probe_main(args)
-
-
-def build_cli() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lipcast", description="Streaming WebRTC lip-sync avatar server")
-    commands = parser.add_subparsers(dest="command")
+def add_commands(commands: Any) -> None:
+    """Add ``serve`` and the server's tools to the ``lipcast`` command's subparsers."""
     serve_parser = commands.add_parser("serve", parents=[build_parser()], help="run the server")
     serve_parser.set_defaults(handler=serve)
-    probe_parser = commands.add_parser("probe", help="measure a running server from outside")
-    add_probe_arguments(probe_parser)
-    probe_parser.set_defaults(handler=probe)
     avatar_cli.add_commands(commands)
     tools_cli.add_commands(commands)
     engine_cli.add_commands(commands)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-        argv.insert(0, "serve")
-    args = build_cli().parse_args(argv)
-    return int(args.handler(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,24 +1,27 @@
 """One frozen settings object: the fields, their defaults and their validation.
 
-It is built once from command-line flags and ``LIPCAST_*`` environment variables (:mod:`server.flags`). Every
-component gets the settings (or the part it needs) through its constructor; nothing reads the environment
-anywhere else.
+It is built once from command-line flags and ``LIPCAST_*`` environment variables
+(:mod:`lipcast.server.flags`). Every component gets the settings (or the part it needs) through its
+constructor; nothing reads the environment anywhere else.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
-from pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
-from pipeline.timing import FPS
-from server.loop_stalls import DEFAULT_BEAT_MS as LOOP_BEAT_MS
-from streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
+from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
+from lipcast.pipeline.render_config import RenderConfig
+from lipcast.pipeline.timing import FPS
+from lipcast.streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
+from lipcast.streaming.loop_stalls import DEFAULT_BEAT_MS as LOOP_BEAT_MS
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The call and viewer pages ship inside the package (the wheel too), found through it wherever it is.
+STATIC_DIR = Path(str(resources.files("lipcast") / "static"))
 RENDER_PLACES = ("auto", "engine", "worker")
 
 
@@ -86,7 +89,7 @@ class Settings:
     vp8_noise_sensitivity: int = DEFAULT_NOISE_SENSITIVITY
     virtualcam: bool = False
     virtualcam_device: str | None = None  # None: the first v4l2loopback device
-    static_dir: Path = field(default=PROJECT_ROOT / "static")
+    static_dir: Path = STATIC_DIR
     log_level: str = "INFO"
     # Avatar uploads (POST /avatars): where prepared avatars go (None: the first --avatar-dir, else no
     # uploads), and what an upload may be.
@@ -167,3 +170,31 @@ class Settings:
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+    def avatar_search_path(self) -> tuple[Path, ...]:
+        """Where avatars are looked for: the upload directory first (avatars users prepared), then the
+        rest."""
+        dirs = self.avatar_dirs
+        if self.upload_dir is not None and self.upload_dir not in dirs:
+            dirs = (self.upload_dir, *dirs)
+        return dirs
+
+    def render_config(self) -> RenderConfig:
+        """What the render side is built from (:func:`lipcast.pipeline.assembly.assemble`)."""
+        return RenderConfig(
+            backend=self.backend,
+            device=self.device,
+            gpus=self.gpus,
+            checkpoint=self.checkpoint,
+            lookahead_ms=self.lookahead_ms,
+            batch_sizes=self.batch_sizes,
+            render_budget_ms=self.render_budget_ms,
+            max_sessions=self.max_sessions,
+            torch_threads=self.torch_threads,
+            wav2lip_alignment=self.wav2lip_alignment,
+            wav2lip_compile=self.wav2lip_compile,
+            wav2lip_compile_mode=self.wav2lip_compile_mode,
+            compile_cache_dir=self.compile_cache_dir,
+            avatar_dirs=self.avatar_search_path(),
+            default_avatar=self.avatar,
+        )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from server.state import SETTINGS
+from lipcast.server.state import SETTINGS
 
 OPEN_BY_DEFAULT = ("/whip", "/whep")
 ALLOWED_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"

@@ -1,5 +1,5 @@
 """``lipcast engine build``: compile Wav2Lip's kernels for every batch bucket once, into the compile cache
-that later ``lipcast serve`` starts load (see :mod:`pipeline.wav2lip.compiled`).
+that later ``lipcast serve`` starts load (see :mod:`lipcast.pipeline.wav2lip.compiled`).
 
 It builds what a start would build (same model code, buckets, dtype and memory format), one bucket after
 the other with a progress line each, then checks the compiled render against the eager fp32 model and
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.defaults import COMPILE_MODES
-from server.tools_cli import batch_sizes_arg
+from lipcast.pipeline.defaults import COMPILE_MODES
+from lipcast.server.tools_cli import batch_sizes_arg
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ def numerical_check(compiled: Any, reference: Any, avatar_name: str, frames: int
     """Render the same items on both backends; max and mean |difference| in uint8 levels."""
     import numpy as np
 
-    from pipeline.backend import RenderItem
-    from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+    from lipcast.pipeline.backend import RenderItem
+    from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 
     rng = np.random.default_rng(0)
     size = min(compiled.batch_sizes, key=lambda s: (s < CHECK_ITEMS, abs(s - CHECK_ITEMS)))
@@ -57,15 +57,15 @@ def build(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from pipeline.backend import RenderItem
-    from pipeline.defaults import default_batch_sizes
-    from pipeline.runtime import resolve_device
-    from pipeline.wav2lip.backend import Wav2LipBackend
-    from pipeline.wav2lip.bench import synthetic_avatar
-    from pipeline.wav2lip.checkpoint import CheckpointError
-    from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root
-    from pipeline.wav2lip.compiled import compile_available
-    from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+    from lipcast.pipeline.backend import RenderItem
+    from lipcast.pipeline.defaults import default_batch_sizes
+    from lipcast.pipeline.devices import resolve_device
+    from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+    from lipcast.pipeline.wav2lip.bench import synthetic_avatar
+    from lipcast.pipeline.wav2lip.checkpoint import CheckpointError
+    from lipcast.pipeline.wav2lip.compile_cache import CompileCache, default_cache_root
+    from lipcast.pipeline.wav2lip.compiled import compile_available
+    from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -90,7 +90,7 @@ def build(args: argparse.Namespace) -> int:
     started_s = time.perf_counter()
     weights: Any = args.checkpoint
     if weights is None:  # random weights, the same for the build and its check
-        from pipeline.wav2lip.model import Wav2Lip
+        from lipcast.pipeline.wav2lip.model import Wav2Lip
 
         torch.manual_seed(0)
         weights = Wav2Lip().state_dict()

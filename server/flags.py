@@ -1,4 +1,5 @@
-"""``lipcast serve``'s flags and ``LIPCAST_*`` environment variables -> one :class:`~server.config.Settings`.
+"""``lipcast serve``'s flags and ``LIPCAST_*`` environment variables -> one
+:class:`~lipcast.server.config.Settings`.
 
 Precedence: flag > environment > default. The environment variable of a field is ``LIPCAST_`` + its name in
 capitals; list fields are comma-separated (``LIPCAST_AVATAR_DIRS``: ``:``-separated).
@@ -13,8 +14,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pipeline.defaults import BACKENDS, COMPILE_MODES, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
-from server.config import RENDER_PLACES, IceServer, Settings, default_media_workers
+from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODES, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
+from lipcast.server.config import RENDER_PLACES, IceServer, Settings, default_media_workers
 
 ENV_PREFIX = "LIPCAST_"
 

@@ -1,9 +1,9 @@
 """Prometheus metrics (``GET /metrics``): what the server is doing, per stage, from outside.
 
 Counters and gauges of sessions, streams and the engine are read at scrape time by the collector that
-:mod:`server.runtime_metrics` attaches once the runtime exists. Per-frame stage timings (features, render,
-compositing, encode) and buffer depths are observed into histograms as frames leave. Each application has
-its own registry, so several servers (tests) coexist.
+:mod:`lipcast.server.runtime_metrics` attaches once the runtime exists. Per-frame stage timings (features,
+render, compositing, encode) and buffer depths are observed into histograms as frames leave. Each application
+has its own registry, so several servers (tests) coexist.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
-from server.loop_stalls import Stall
-from streaming.avatar_stream import FrameMeta
+from lipcast.streaming.loop_stalls import Stall
+from lipcast.streaming.wire import FrameMeta
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STAGE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
@@ -46,7 +46,8 @@ class Metrics:
         )
 
     def attach(self, collector: Collector) -> None:
-        """Read ``collector`` at every scrape too (the runtime's counters: :mod:`server.runtime_metrics`)."""
+        """Read ``collector`` at every scrape too (the runtime's counters:
+        :mod:`lipcast.server.runtime_metrics`)."""
         self.registry.register(collector)
 
     def observe_frame(self, meta: FrameMeta, buffer_depth_ms: float) -> None:

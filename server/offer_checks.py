@@ -1,15 +1,15 @@
 """The one offer validator: what an SDP offer must be, for each way in, checked before anything is built.
 
 :func:`validate_offer` reads the text (``v=0``, then aiortc's parser, through
-:func:`streaming.offers.summarize_offer`); the ``check_*`` functions say what each kind of client must ask
-for. Every failure is a :class:`~server.errors.BadRequestError` (400) with a message for the client. The
-HTTP shapes around the SDP (a JSON field, an ``application/sdp`` body) stay with their handlers.
+:func:`lipcast.streaming.offers.summarize_offer`); the ``check_*`` functions say what each kind of client must
+ask for. Every failure is a :class:`~lipcast.server.errors.BadRequestError` (400) with a message for the
+client. The HTTP shapes around the SDP (a JSON field, an ``application/sdp`` body) stay with their handlers.
 """
 
 from __future__ import annotations
 
-from server.errors import BadRequestError
-from streaming.offers import OfferError, OfferSummary, summarize_offer
+from lipcast.server.errors import BadRequestError
+from lipcast.streaming.offers import OfferError, OfferSummary, summarize_offer
 
 MAX_SDP_BYTES = 64 * 1024
 

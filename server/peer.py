@@ -5,20 +5,18 @@ whose messages wait until it opens, a connect timeout, and an idempotent close t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 
 from aiortc import RTCPeerConnection
 from aiortc.rtcdatachannel import RTCDataChannel
 
-from pipeline.timing import FPS
-from streaming.avatar_stream import FrameMeta
-from streaming.tasks import session_log
+from lipcast.pipeline.timing import FPS
+from lipcast.streaming.tasks import session_log
+from lipcast.streaming.wire import META_CHANNEL_LABEL, FrameMeta
 
 logger = logging.getLogger(__name__)
 
-META_CHANNEL_LABEL = "meta"
 META_BACKLOG = 10 * FPS  # frames of metadata kept until the channel opens (10 s)
 
 
@@ -63,7 +61,7 @@ class PeerEndpoint:
 
     def send_meta(self, meta: FrameMeta) -> None:
         """Send a frame's metadata; frames sent before the channel opened follow in order once it does."""
-        message = json.dumps(meta.to_json(), separators=(",", ":"))
+        message = meta.encode()
         channel = self.meta_channel
         if channel is None or channel.readyState != "open":
             self._meta_backlog.append(message)

@@ -30,25 +30,27 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc import RTCPeerConnection
 
-from pipeline.timing import FRAME_MS, MEDIA_SAMPLE_RATE_HZ
-from server.auth import require_bearer
-from server.errors import BadRequestError, ConflictError, NotFoundError
-from server.sessions import Session, SessionManager
-from server.state import runtime_of
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.push_audio import (
+from lipcast.pipeline.timing import FRAME_MS, MEDIA_SAMPLE_RATE_HZ
+from lipcast.server.auth import require_bearer
+from lipcast.server.errors import BadRequestError, ConflictError, NotFoundError
+from lipcast.server.json_body import read_json_object
+from lipcast.server.sessions import Session, SessionManager
+from lipcast.server.state import runtime_of
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.push_audio import (
     MAX_INPUT_RATE_HZ,
     MIN_INPUT_RATE_HZ,
     PushAudio,
     PushBufferFull,
 )
-from streaming.vad import SpeechDetector
+from lipcast.streaming.vad import SpeechDetector
+from lipcast.streaming.wire import PUSH_CONTROLS, PushSessionInfo
 
 logger = logging.getLogger(__name__)
 
 PUSH_START_MS = FRAME_MS  # playout starts once one frame of audio is queued (no network jitter to absorb)
 MAX_MESSAGE_BYTES = 4 << 20
-CONTROL_TYPES = ("interrupt", "end_of_speech", "close")
+CONTROL_TYPES = PUSH_CONTROLS
 
 
 class PushSession(Session):
@@ -154,8 +156,6 @@ def parse_push_request(body: dict[str, Any]) -> tuple[str | None, int]:
 
 
 async def create(request: web.Request) -> web.Response:
-    from server.routes import read_json_object  # the handlers' shared JSON parsing
-
     require_bearer(request)
     runtime = runtime_of(request)
     avatar_name, rate = parse_push_request(await read_json_object(request))
@@ -163,20 +163,17 @@ async def create(request: web.Request) -> web.Response:
     sid = session.id
     base = request.url.with_path("/").with_query(None)
     ws_base = base.with_scheme("wss" if base.scheme == "https" else "ws")
-    return web.json_response(
-        {
-            "session_id": sid,
-            "avatar": session.avatar.name,
-            "sample_rate_hz": rate,
-            "audio_url": str(ws_base.with_path(f"/sessions/{sid}/audio")),
-            "whep_url": str(base.with_path(f"/whep/{sid}")),
-            "viewer_url": str(base.with_path("/static/viewer.html").with_query(session=sid)),
-            "session_url": str(base.with_path(f"/sessions/{sid}")),
-            "push_buffer_s": runtime.settings.push_buffer_s,
-        },
-        status=201,
-        headers={"Location": f"/sessions/{sid}"},
-    )
+    info: PushSessionInfo = {
+        "session_id": sid,
+        "avatar": session.avatar.name,
+        "sample_rate_hz": rate,
+        "audio_url": str(ws_base.with_path(f"/sessions/{sid}/audio")),
+        "whep_url": str(base.with_path(f"/whep/{sid}")),
+        "viewer_url": str(base.with_path("/static/viewer.html").with_query(session=sid)),
+        "session_url": str(base.with_path(f"/sessions/{sid}")),
+        "push_buffer_s": runtime.settings.push_buffer_s,
+    }
+    return web.json_response(info, status=201, headers={"Location": f"/sessions/{sid}"})
 
 
 def push_session(request: web.Request) -> PushSession:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from typing import Any
@@ -11,29 +10,20 @@ import cv2
 from aiohttp import web
 from aiortc import RTCSessionDescription
 
-from pipeline.avatar import Avatar
-from pipeline.engine_group import EngineGroup
-from server import cors, push, whip_whep
-from server.auth import require_bearer
-from server.capacity import STARTING_RETRY_AFTER_S
-from server.cpu_usage import cpu_snapshot
-from server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
-from server.metrics import CONTENT_TYPE
-from server.state import METRICS, RUNTIME, SETTINGS, Runtime, runtime_of
-
-
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequestError(f"request body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise BadRequestError("request body must be a JSON object")
-    return body
+from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.server import cors, push, whip_whep
+from lipcast.server.auth import require_bearer
+from lipcast.server.capacity import STARTING_RETRY_AFTER_S
+from lipcast.server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from lipcast.server.json_body import read_json_object
+from lipcast.server.metrics import CONTENT_TYPE
+from lipcast.server.state import METRICS, RUNTIME, SETTINGS, Runtime, runtime_of
+from lipcast.streaming.cpu_usage import cpu_snapshot
+from lipcast.streaming.wire import OfferAnswer, avatar_json
 
 
 def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None]:
-    """The JSON shape of ``POST /offer``; the SDP itself is checked by :mod:`server.offer_checks`."""
+    """The JSON shape of ``POST /offer``; the SDP itself is checked by :mod:`lipcast.server.offer_checks`."""
     sdp, kind, avatar = body.get("sdp"), body.get("type"), body.get("avatar")
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequestError("'sdp' must be a non-empty string")
@@ -44,39 +34,18 @@ def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None
     return RTCSessionDescription(sdp=sdp, type="offer"), avatar
 
 
-def avatar_json(avatar: Avatar) -> dict[str, Any]:
-    mouth = avatar.mouth(0)
-    pad_x = mouth.width * 0.25
-    return {
-        "name": avatar.name,
-        "width": avatar.width,
-        "height": avatar.height,
-        "frames": int(avatar.meta.get("source_frames", avatar.frame_count)),
-        "idle": avatar.meta.get("idle", "loop"),  # loop (a video's frames), breathing (a photo's) or still
-        "preview_url": f"/avatars/{avatar.name}/preview.png",
-        # Where the mouth moves in frame 0: a probe measures motion here.
-        "mouth_box": [
-            round(mouth.left_x - pad_x),
-            round(min(mouth.left_y, mouth.right_y, mouth.lip_y) - mouth.width * 0.3),
-            round(mouth.right_x + pad_x),
-            round(mouth.chin_y),
-        ],
-    }
-
-
 async def offer(request: web.Request) -> web.Response:
     require_bearer(request)
     runtime = runtime_of(request)
     description, avatar_name = parse_offer(await read_json_object(request))
     answer = await runtime.sessions.create(description, avatar_name)
-    return web.json_response(
-        {
-            "sdp": answer.sdp,
-            "type": answer.type,
-            "session_id": answer.session_id,
-            "avatar": avatar_json(answer.avatar),
-        }
-    )
+    body: OfferAnswer = {
+        "sdp": answer.sdp,
+        "type": answer.type,
+        "session_id": answer.session_id,
+        "avatar": avatar_json(answer.avatar),
+    }
+    return web.json_response(body)
 
 
 async def delete_session(request: web.Request) -> web.Response:

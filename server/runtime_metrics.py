@@ -1,6 +1,6 @@
 """The runtime's side of ``GET /metrics``: sessions, streams and the engine, read at scrape time from the
 objects that already keep them (live sessions plus the totals of ended ones), so the media path carries no
-metrics code. Registered on the app's :class:`~server.metrics.Metrics` once the runtime is built."""
+metrics code. Registered on the app's :class:`~lipcast.server.metrics.Metrics` once the runtime is built."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pipeline.engine_group import EngineGroup
-from server.state import Runtime
+from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.server.state import Runtime
 
 
 class RuntimeCollector(Collector):

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from server.loop_stalls import LoopStallWatch, freeze_startup_heap
-from server.state import METRICS, RUNTIME, SETTINGS
+from lipcast.server.state import METRICS, RUNTIME, SETTINGS
+from lipcast.streaming.loop_stalls import LoopStallWatch, freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 

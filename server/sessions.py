@@ -18,23 +18,24 @@ from dataclasses import dataclass
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
-from pipeline.avatar import Avatar
-from pipeline.backend import LipSyncBackend
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from server.capacity import RETRY_AFTER_S, CapacityGate
-from server.config import Settings
-from server.errors import BadRequestError, CapacityError, NotFoundError
-from server.offer_checks import check_call_offer, check_whip_offer, validate_offer
-from server.peer import PeerEndpoint
-from server.viewers import SessionViewers
-from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
-from streaming.avatar_stream import AvatarStream, FrameMeta, Renderer
-from streaming.clock import Clock, MonotonicClock
-from streaming.inbound import AudioIngest
-from streaming.offers import OfferSummary
-from streaming.rtc import encode_audio_on_loop, tune_receiver_latency
-from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
-from streaming.vad import SpeechDetector
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import LipSyncBackend
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.server.capacity import RETRY_AFTER_S, CapacityGate
+from lipcast.server.config import Settings
+from lipcast.server.errors import BadRequestError, CapacityError, NotFoundError
+from lipcast.server.offer_checks import check_call_offer, check_whip_offer, validate_offer
+from lipcast.server.peer import PeerEndpoint
+from lipcast.server.viewers import SessionViewers
+from lipcast.streaming.audio_buffer import InputAudioBuffer, make_input_buffer
+from lipcast.streaming.avatar_stream import AvatarStream, Renderer
+from lipcast.streaming.clock import Clock, MonotonicClock
+from lipcast.streaming.inbound import AudioIngest
+from lipcast.streaming.offers import OfferSummary
+from lipcast.streaming.rtc import encode_audio_on_loop, tune_receiver_latency
+from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
+from lipcast.streaming.vad import SpeechDetector
+from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,9 @@ class SessionManager:
     ) -> None:
         if settings.render_budget_ms is None:
             # One place decides the default (it depends on the device): build_runtime, before this.
-            raise ValueError("render_budget_ms is resolved at startup (server.app.build_runtime)")
+            raise ValueError(
+                "render_budget_ms is resolved at startup (lipcast.server.assembly.build_runtime)"
+            )
         self.render_budget_ms = settings.render_budget_ms
         self.settings = settings
         self.backend = backend

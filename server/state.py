@@ -9,17 +9,17 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from pipeline.backend import LipSyncBackend
-from pipeline.engine import RenderEngine
-from pipeline.engine_group import EngineGroup
-from pipeline.engine_link.client import SharedRenderer
-from pipeline.registry import AvatarRegistry
-from server.capacity import STARTING_RETRY_AFTER_S
-from server.config import Settings
-from server.errors import ServiceUnavailableError
-from server.metrics import Metrics
-from server.sessions import SessionManager
-from streaming.clock import Clock
+from lipcast.pipeline.backend import LipSyncBackend
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.pipeline.engine_link.client import SharedRenderer
+from lipcast.pipeline.registry import AvatarRegistry
+from lipcast.server.capacity import STARTING_RETRY_AFTER_S
+from lipcast.server.config import Settings
+from lipcast.server.errors import ServiceUnavailableError
+from lipcast.server.metrics import Metrics
+from lipcast.server.sessions import SessionManager
+from lipcast.streaming.clock import Clock
 
 
 @dataclass

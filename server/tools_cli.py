@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.defaults import BACKENDS, COMPILE_MODES, DEFAULT_BACKEND, RENDER_BUDGET_MS
+from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODES, DEFAULT_BACKEND, RENDER_BUDGET_MS
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +41,11 @@ def _backend_arguments(p: argparse.ArgumentParser) -> None:
 
 def _engine(args: argparse.Namespace, avatar_name: str | None) -> tuple[Any, Any, dict[str, Any]]:
     """Backend + engine + avatar, built as the server builds them (random weights allowed here)."""
-    from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, discover_avatars, load_avatar
-    from pipeline.defaults import default_batch_sizes
-    from pipeline.engine import RenderEngine
-    from pipeline.runtime import create_backend, device_report, resolve_device
+    from lipcast.pipeline.assembly import create_backend
+    from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, discover_avatars, load_avatar
+    from lipcast.pipeline.defaults import default_batch_sizes
+    from lipcast.pipeline.devices import device_report, resolve_device
+    from lipcast.pipeline.engine import RenderEngine
 
     device = resolve_device(args.device)
     sizes = args.batch_sizes or default_batch_sizes(device)
@@ -63,13 +64,13 @@ def _engine(args: argparse.Namespace, avatar_name: str | None) -> tuple[Any, Any
 
 
 def bench_model(args: argparse.Namespace) -> int:
-    from pipeline.runtime import device_report, resolve_device
-    from pipeline.wav2lip.bench import MODEL_BATCH_SIZES, benchmark_model
+    from lipcast.pipeline.devices import device_report, resolve_device
+    from lipcast.pipeline.wav2lip.bench import MODEL_BATCH_SIZES, benchmark_model
 
     device = resolve_device(args.device)
     cache = None
     if args.compile == "on":
-        from pipeline.wav2lip.compile_cache import CompileCache, default_cache_root
+        from lipcast.pipeline.wav2lip.compile_cache import CompileCache, default_cache_root
 
         cache = CompileCache(args.compile_cache_dir or default_cache_root())
     rows = benchmark_model(
@@ -90,7 +91,7 @@ def bench_model(args: argparse.Namespace) -> int:
 
 
 def bench_engine(args: argparse.Namespace) -> int:
-    from pipeline.bench_engine import featurizer_us_per_hop, find_capacity
+    from lipcast.pipeline.bench_engine import featurizer_us_per_hop, find_capacity
 
     engine, avatar, report = _engine(args, args.avatar)
     warm = engine.warmup()
@@ -128,7 +129,7 @@ def bench_engine(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    from pipeline.offline import render_file, text_progress
+    from lipcast.pipeline.offline import render_file, text_progress
 
     engine, avatar, _ = _engine(args, args.avatar)
     engine.start()

@@ -18,14 +18,15 @@ from typing import Any
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcconfiguration import RTCConfiguration
 
-from server.capacity import CapacityGate
-from server.errors import BadRequestError, NotFoundError
-from server.offer_checks import check_viewer_offer, validate_offer
-from server.peer import PeerEndpoint
-from streaming.avatar_stream import AvatarStream, FrameMeta
-from streaming.encoders import Vp8Settings
-from streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
-from streaming.offers import OfferSummary
+from lipcast.server.capacity import CapacityGate
+from lipcast.server.errors import BadRequestError, NotFoundError
+from lipcast.server.offer_checks import check_viewer_offer, validate_offer
+from lipcast.server.peer import PeerEndpoint
+from lipcast.streaming.avatar_stream import AvatarStream
+from lipcast.streaming.encoders import Vp8Settings
+from lipcast.streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
+from lipcast.streaming.offers import OfferSummary
+from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ import numpy.typing as npt
 from aiohttp import web
 from aiortc.mediastreams import MediaStreamError
 
-from server.sessions import SessionManager
-from server.state import RUNTIME, SETTINGS
-from streaming.avatar_stream import AvatarStream
-from streaming.clock import Clock
-from streaming.tasks import cancel_and_wait
-from streaming.tracks import AvatarVideoTrack
+from lipcast.server.sessions import SessionManager
+from lipcast.server.state import RUNTIME, SETTINGS
+from lipcast.streaming.avatar_stream import AvatarStream
+from lipcast.streaming.clock import Clock
+from lipcast.streaming.tasks import cancel_and_wait
+from lipcast.streaming.tracks import AvatarVideoTrack
 
 logger = logging.getLogger(__name__)
 

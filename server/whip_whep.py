@@ -29,17 +29,23 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 from multidict import CIMultiDict
 
-from server import cors
-from server.auth import require_bearer
-from server.config import IceServer
-from server.errors import BadRequestError, NotFoundError, NotImplementedApiError, UnsupportedMediaTypeError
-from server.offer_checks import MAX_SDP_BYTES
-from server.peer import PeerEndpoint
-from server.sessions import Session
-from server.state import SETTINGS, runtime_of
-from server.viewers import Viewer
+from lipcast.server import cors
+from lipcast.server.auth import require_bearer
+from lipcast.server.config import IceServer
+from lipcast.server.errors import (
+    BadRequestError,
+    NotFoundError,
+    NotImplementedApiError,
+    UnsupportedMediaTypeError,
+)
+from lipcast.server.offer_checks import MAX_SDP_BYTES
+from lipcast.server.peer import PeerEndpoint
+from lipcast.server.sessions import Session
+from lipcast.server.state import SETTINGS, runtime_of
+from lipcast.server.viewers import Viewer
+from lipcast.streaming.wire import SDP_CONTENT_TYPE
 
-SDP_TYPE = "application/sdp"
+SDP_TYPE = SDP_CONTENT_TYPE
 PATCH_NOT_SUPPORTED = "no trickle ICE or ICE restarts here (PATCH); send a fully gathered offer"
 
 
@@ -152,7 +158,7 @@ def add_resource_methods(
 
 
 async def preflight(request: web.Request) -> web.Response:
-    """CORS preflight (:mod:`server.cors`), plus ``Accept-Post`` on the endpoints that take offers."""
+    """CORS preflight (:mod:`lipcast.server.cors`), plus ``Accept-Post`` on the endpoints that take offers."""
     response = await cors.preflight(request)
     resource = request.match_info.route.resource
     if resource is not None and resource.name in ("whip-endpoint", "whep-endpoint"):

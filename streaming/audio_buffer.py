@@ -4,8 +4,9 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
 
 * The target depth is fixed (``target_ms``) or adaptive (``jitter`` given): then it starts at
   ``target_ms`` (the least that playout needs, one tick of audio) and follows the observed inter-arrival
-  jitter (:class:`streaming.jitter.JitterEstimator`: a high percentile of the blocks' relative delay, grown
-  at once, shrunk slowly once the spike has left its window), between ``target_ms`` and ``max_target_ms``.
+  jitter (:class:`lipcast.streaming.jitter.JitterEstimator`: a high percentile of the blocks' relative delay,
+  grown at once, shrunk slowly once the spike has left its window), between ``target_ms`` and
+  ``max_target_ms``.
 * The media clock pulls one frame of audio per tick. Playout starts once the target is buffered and
   restarts the same way after running dry; a dry tick gets silence (an *underrun*) and the late audio is
   played afterwards, in order.
@@ -27,8 +28,8 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
 
 An underrun is logged (at most one line per :data:`UNDERRUN_LOG_INTERVAL_S`, with the count since the last
 one) with what tells its cause apart: how long ago the newest audio arrived. A late arrival is the network,
-the caller, or this process's event loop stalling (which :mod:`server.loop_stalls` logs); audio that kept
-arriving on time but still ran short is a target too shallow for the jitter.
+the caller, or this process's event loop stalling (:mod:`lipcast.streaming.loop_stalls` logs it); audio that
+kept arriving on time but still ran short is a target too shallow for the jitter.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from streaming.jitter import JitterEstimator
-from streaming.tasks import session_log
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.streaming.jitter import JitterEstimator
+from lipcast.streaming.tasks import session_log
 
 logger = logging.getLogger(__name__)
 

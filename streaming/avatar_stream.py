@@ -3,9 +3,9 @@
 At tick ``k`` (due at ``start + k / fps``) the producer pulls one frame of the caller's audio from the jitter
 buffer, feeds its 16 kHz version to the backend's featurizer, delays the 48 kHz audio by the featurizer's
 lookahead (so the frame and its audio leave together) and submits the frame to the render engine. The
-tick leaves ``render_budget_ms`` later through both outgoing tracks (:mod:`streaming.tracks`); a frame that
-is not rendered by then is replaced by the previous one, never waited for. Its picture is composed once, by
-:attr:`AvatarStream.frames` (:mod:`streaming.frames`), for every consumer of the session's video.
+tick leaves ``render_budget_ms`` later through both outgoing tracks (:mod:`lipcast.streaming.tracks`); a frame
+that is not rendered by then is replaced by the previous one, never waited for. Its picture is composed once,
+by :attr:`AvatarStream.frames` (:mod:`lipcast.streaming.frames`), for every consumer of the session's video.
 
 Idle: the avatar frame shown at tick ``k`` follows the avatar's idle loop (:func:`idle_frame_index`) whether
 it speaks or not. At rest (the featurizer says its conditioning changes nothing, or the voice-activity flags
@@ -21,23 +21,23 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-from pipeline.avatar import Avatar
-from pipeline.backend import Featurizer, RenderedPatch, RenderItem
-from pipeline.defaults import RENDER_BUDGET_MS
-from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
-from pipeline.windows import FrameGrid
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.clock import Clock, FrameTimeline
-from streaming.delay import Delayed, DelayLine
-from streaming.frames import SharedFrames
-from streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
-from streaming.tasks import cancel_and_wait, session_log
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import Featurizer, RenderedPatch, RenderItem
+from lipcast.pipeline.defaults import RENDER_BUDGET_MS
+from lipcast.pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.windows import FrameGrid
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.clock import Clock, FrameTimeline
+from lipcast.streaming.delay import Delayed, DelayLine
+from lipcast.streaming.frames import SharedFrames
+from lipcast.streaming.resample import DECIMATOR_DELAY_48K, FACTOR, Decimator
+from lipcast.streaming.tasks import cancel_and_wait, session_log
+from lipcast.streaming.tick import Tick
 
 logger = logging.getLogger(__name__)
 
@@ -56,25 +56,6 @@ class Renderer(Protocol):
         ...
 
     def cancel_session(self, session_id: str) -> int: ...
-
-
-@dataclass
-class Tick:
-    """Everything that leaves the server for one frame."""
-
-    index: int
-    frame_index: int  # the avatar frame it shows
-    audio: npt.NDArray[np.int16]  # exactly one frame of 48 kHz mono audio
-    input_pos: int | None  # 48 kHz position in the caller's stream of the first sample carried, if any
-    speech: bool
-    conditioning: npt.NDArray[np.float32]
-    patch: Future[RenderedPatch] | None  # None: the avatar frame as it is (mouth at rest)
-    produced_s: float
-    featurize_ms: float
-    render_ms: float | None = None  # submit -> patch ready
-    buffer_ms: float | None = None  # how long the audio pulled at this tick waited in the jitter buffer
-    late_ms: float = 0.0  # produced this long after its due time (event loop delays)
-    mix: float = 1.0  # weight of the patch over the avatar frame (< 1 while crossfading)
 
 
 @dataclass
@@ -310,29 +291,3 @@ class AvatarStream:
         future.add_done_callback(_done)
         tick.patch = future
         return tick
-
-
-@dataclass
-class FrameMeta:
-    """Per-frame metadata sent to the client (and used by tests and the probe)."""
-
-    frame: int
-    avatar_frame: int
-    input_pos_ms: float | None
-    speech: bool
-    active: bool  # the lip-sync backend rendered this frame (False: the avatar at rest)
-    mouth: list[float]
-    late: bool
-    stages_ms: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "frame": self.frame,
-            "avatar_frame": self.avatar_frame,
-            "audio_ms": self.input_pos_ms,
-            "speech": self.speech,
-            "active": self.active,
-            "mouth": self.mouth,
-            "late": self.late,
-            "stages_ms": self.stages_ms,
-        }

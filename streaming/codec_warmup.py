@@ -3,14 +3,14 @@
 The first call of a fresh process paid for one-time work on its event loop: codec libraries opening their
 first contexts (Opus, libvpx, libswresample's first graph), modules imported on first use (the DTLS
 certificate's crypto, numpy's FFT), first allocations. On the H200 box that cost the first call a 134 ms
-event-loop stall in the Opus encoder's resampler 1.4 s in (``server.loop_stalls``); inbound audio waited in
-the socket meanwhile and the jitter buffer, taking it for network jitter, held ~40 ms more for the next
-10 s. :func:`warm_media_path` runs the same steps once, off the loop, at startup:
+event-loop stall in the Opus encoder's resampler 1.4 s in (``lipcast.streaming.loop_stalls``); inbound audio
+waited in the socket meanwhile and the jitter buffer, taking it for network jitter, held ~40 ms more for the
+next 10 s. :func:`warm_media_path` runs the same steps once, off the loop, at startup:
 
 * a DTLS certificate (key generation and its serialisation, as every call's peer connection does);
-* Opus: aiortc's encoder on the outbound track's frames (:func:`streaming.tracks.stereo_audio_frame`),
+* Opus: aiortc's encoder on the outbound track's frames (:func:`lipcast.streaming.tracks.stereo_audio_frame`),
   its decoder, and the inbound mono resampler;
-* VP8: the picture's conversion (:meth:`streaming.frames.ComposedFrame.video_frame`) and lipcast's
+* VP8: the picture's conversion (:meth:`lipcast.streaming.frames.ComposedFrame.video_frame`) and lipcast's
   encoder (a key frame and a delta frame) at the avatar's size;
 * the speech detector and the 48 -> 16 kHz decimator.
 """
@@ -29,12 +29,12 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from av import AudioFrame, AudioResampler
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ, VIDEO_PTS_PER_FRAME
-from streaming.encoders import Vp8Encoder, Vp8Settings
-from streaming.frames import ComposedFrame
-from streaming.resample import Decimator
-from streaming.tracks import stereo_audio_frame
-from streaming.vad import SpeechDetector
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ, VIDEO_PTS_PER_FRAME
+from lipcast.streaming.encoders import Vp8Encoder, Vp8Settings
+from lipcast.streaming.frames import ComposedFrame
+from lipcast.streaming.resample import Decimator
+from lipcast.streaming.tracks import stereo_audio_frame
+from lipcast.streaming.vad import SpeechDetector
 
 logger = logging.getLogger(__name__)
 

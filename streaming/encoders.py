@@ -3,16 +3,16 @@
 aiortc's ``Vp8Encoder`` is made for camera pictures: libvpx's temporal denoiser on (``noise-sensitivity``
 4) and every frame converted from whatever it is to yuv420p with swscale inside the encoder. lipcast's
 pictures are rendered, not filmed (no sensor noise to remove), and leave the compositor already as yuv420p
-(:meth:`streaming.frames.ComposedFrame.video_frame`). Measured on the built-in avatar's composed frames
-(``benchmarks/vp8_settings.py``: 320x320, 301 frames of speech, one thread, CBR 1.5 Mbps, two runs): the
-encode took 0.76-1.03 ms a frame with the denoiser and 0.61-0.62 ms without it, at the same picture (PSNR-Y
-42.4-42.5 vs 42.3 dB, SSIM-Y 0.985 both); ``cpu-used`` from -6 to -16 changed the time by no more than the
-runs' noise (0.68-0.96 ms) and cost up to 1.9 dB PSNR-Y at -16, so -6, aiortc's, stays the default and
+(:meth:`lipcast.streaming.frames.ComposedFrame.video_frame`). Measured on the built-in avatar's composed
+frames (``benchmarks/vp8_settings.py``: 320x320, 301 frames of speech, one thread, CBR 1.5 Mbps, two runs):
+the encode took 0.76-1.03 ms a frame with the denoiser and 0.61-0.62 ms without it, at the same picture
+(PSNR-Y 42.4-42.5 vs 42.3 dB, SSIM-Y 0.985 both); ``cpu-used`` from -6 to -16 changed the time by no more than
+the runs' noise (0.68-0.96 ms) and cost up to 1.9 dB PSNR-Y at -16, so -6, aiortc's, stays the default and
 :class:`Vp8Settings` lets a deployment change both.
 
 :class:`Vp8Encoder` keeps everything else of aiortc's: its rate control settings, the bitrate that follows
 the receiver's REMB (the codec is reopened when it moves by more than 10 %), forced keyframes and its RTP
-packetizer. :func:`streaming.rtc.use_vp8_settings` makes aiortc's senders use it.
+packetizer. :func:`lipcast.streaming.rtc.use_vp8_settings` makes aiortc's senders use it.
 """
 
 from __future__ import annotations

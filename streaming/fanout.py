@@ -22,7 +22,7 @@ What the shared encoder changes:
 
 The sources are the session's own paced tracks (:class:`AvatarVideoTrack`, :class:`AvatarAudioTrack`), so
 viewers get exactly the ticks the caller gets, at the same presentation times, and the very frames the caller
-gets (composed once per tick, :mod:`streaming.frames`).
+gets (composed once per tick, :mod:`lipcast.streaming.frames`).
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 from av.packet import Packet
 
-from pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
-from streaming.avatar_stream import AvatarStream, FrameMeta
-from streaming.encoders import Vp8Settings, open_vp8
-from streaming.tasks import cancel_and_wait, session_log
-from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
+from lipcast.pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
+from lipcast.streaming.avatar_stream import AvatarStream
+from lipcast.streaming.encoders import Vp8Settings, open_vp8
+from lipcast.streaming.tasks import cancel_and_wait, session_log
+from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
+from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
 
 
 class Vp8PacketEncoder:
-    """VP8 with the caller's encoder's settings (:mod:`streaming.encoders`), returning whole frames as
+    """VP8 with the caller's encoder's settings (:mod:`lipcast.streaming.encoders`), returning whole frames as
     ``av.Packet`` (not RTP payloads)."""
 
     def __init__(

@@ -1,11 +1,11 @@
 """Each tick's picture, composed once per session and shared by every consumer of the session's video.
 
 A session's video has several consumers: the caller's track, the viewers' shared encoder
-(:mod:`streaming.fanout`) and the virtual camera. Each paces itself on the session's one media clock
-(:class:`~streaming.avatar_stream.AvatarStream`) and asks for tick ``k`` at its presentation time; the first
-to ask composes it (the rendered patch pasted into the avatar frame, or the previous picture repeated when the
-render is late), the others get the same :class:`ComposedFrame`. So the late/failed decision is taken once
-per tick and every consumer shows identical pixels.
+(:mod:`lipcast.streaming.fanout`) and the virtual camera. Each paces itself on the session's one media clock
+(:class:`~lipcast.streaming.avatar_stream.AvatarStream`) and asks for tick ``k`` at its presentation time; the
+first to ask composes it (the rendered patch pasted into the avatar frame, or the previous picture repeated
+when the render is late), the others get the same :class:`ComposedFrame`. So the late/failed decision is taken
+once per tick and every consumer shows identical pixels.
 
 Shared means read-only: the picture is a numpy array flagged not writeable. Each consumer wraps it in an
 ``av.VideoFrame`` of its own (:meth:`ComposedFrame.video_frame`, one copy of the pixels): PyAV frames are
@@ -24,20 +24,18 @@ import fractions
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 from av import VideoFrame
 
-from pipeline.avatar import Avatar
-from pipeline.compositing import paste_patch
-from pipeline.engine import DeadlineExpiredError
-from pipeline.timing import VIDEO_CLOCK_HZ
-
-if TYPE_CHECKING:  # avatar_stream imports this module
-    from streaming.avatar_stream import Tick
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.compositing import paste_patch
+from lipcast.pipeline.engine import DeadlineExpiredError
+from lipcast.pipeline.timing import VIDEO_CLOCK_HZ
+from lipcast.streaming.tick import Tick
 
 VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
 # Composed frames kept for consumers that ask for a tick after another did. Every consumer asks for the

@@ -2,7 +2,7 @@
 
 aiortc hands out decoded Opus as 48 kHz stereo s16; PyAV's ``AudioResampler`` makes it mono (and handles any
 other format or rate a track might produce). The 48 kHz stream is what the avatar speaks back; the feature
-path decimates it to 16 kHz on the media clock (:mod:`streaming.resample`).
+path decimates it to 16 kHz on the media clock (:mod:`lipcast.streaming.resample`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.tasks import cancel_and_wait, session_log
-from streaming.vad import Reblocker, SpeechDetector
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.tasks import cancel_and_wait, session_log
+from lipcast.streaming.vad import Reblocker, SpeechDetector
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ window moves on), and reports a high percentile of it: the extra audio the buffe
 
 The target it asks for grows at once (a late block must not find the buffer dry twice) and shrinks slowly,
 ``shrink_ms_per_s``, once the spike has left the window. It shrinks while the caller speaks too: the buffer
-gives up depth only by trimming silence anyway (:mod:`streaming.audio_buffer`), so a lower target during
-speech only lets the next pause take all the excess at once. (Shrinking only in silence, as before, kept a
-call that began with one 130 ms stall at +100 ms for over 30 s of normal speech.) An underrun adds
+gives up depth only by trimming silence anyway (:mod:`lipcast.streaming.audio_buffer`), so a lower target
+during speech only lets the next pause take all the excess at once. (Shrinking only in silence, as before,
+kept a call that began with one 130 ms stall at +100 ms for over 30 s of normal speech.) An underrun adds
 ``underrun_step_ms`` on top (the percentile did not cover what happened), which decays the same way.
 """
 

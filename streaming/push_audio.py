@@ -12,9 +12,9 @@ import numpy as np
 import numpy.typing as npt
 from av import AudioFrame, AudioResampler
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.vad import Reblocker, SpeechDetector
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.vad import Reblocker, SpeechDetector
 
 MIN_INPUT_RATE_HZ = 8_000
 MAX_INPUT_RATE_HZ = MEDIA_SAMPLE_RATE_HZ  # the media rate: pushed audio is never upsampled past what leaves

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ, MEDIA_SAMPLE_RATE_HZ
 
 FACTOR = MEDIA_SAMPLE_RATE_HZ // FEATURE_SAMPLE_RATE_HZ  # 3
 TAPS = 97  # odd, so the group delay is a whole number of samples

@@ -1,14 +1,14 @@
 """Small, deliberate adjustments to aiortc: receive latency, which addresses ICE offers, a cheaper audio
 level computation for its senders (the same figure, :func:`use_fast_audio_level`), lipcast's VP8 encoder
-in its senders (:func:`use_vp8_settings`, :mod:`streaming.encoders`) and audio encoded on the event loop
-rather than in a thread (:func:`encode_audio_on_loop`).
+in its senders (:func:`use_vp8_settings`, :mod:`lipcast.streaming.encoders`) and audio encoded on the event
+loop rather than in a thread (:func:`encode_audio_on_loop`).
 
 aiortc's audio receiver holds 4 Opus packets (about 80 ms) in its jitter buffer before it decodes the first
 one, and even with no prefetch it releases a packet only when the next one arrives (it learns that a frame is
 complete from the next frame's timestamp): 20 ms more. An Opus packet is a whole frame, so lipcast's audio
 receivers release each packet as soon as it is next in sequence (:class:`PacketJitterBuffer`); lipcast's own
-inbound jitter buffer (:mod:`streaming.audio_buffer`), sized in milliseconds, absorbs the jitter. Order and
-loss handling stay aiortc's (a gap holds later packets until it fills or the ring overflows).
+inbound jitter buffer (:mod:`lipcast.streaming.audio_buffer`), sized in milliseconds, absorbs the jitter.
+Order and loss handling stay aiortc's (a gap holds later packets until it fills or the ring overflows).
 Video the same way: aiortc holds each frame until the next frame's first packet (40 ms at 25 fps) where a
 browser decodes it on its last packet (RTP marker bit); :class:`MarkerJitterBuffer` does what the browser
 does, for the probe's receiver (``video=True``). These reach into a private attribute; if a future aiortc
@@ -31,7 +31,7 @@ import numpy as np
 from aiortc import RTCRtpReceiver, RTCRtpSender
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 
-from streaming.encoders import Vp8Encoder, Vp8Settings
+from lipcast.streaming.encoders import Vp8Encoder, Vp8Settings
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ def _hook_sender_encoders() -> None:
 
 
 def use_vp8_settings(settings: Vp8Settings | None) -> None:
-    """aiortc's senders encode VP8 with :class:`streaming.encoders.Vp8Encoder` and ``settings`` from now on
-    (process-wide; None: aiortc's own encoder again). Encoders already made keep what they have."""
+    """aiortc's senders encode VP8 with :class:`lipcast.streaming.encoders.Vp8Encoder` and ``settings`` from
+    now on (process-wide; None: aiortc's own encoder again). Encoders already made keep what they have."""
     global _vp8_settings
     _hook_sender_encoders()
     _vp8_settings = settings

@@ -16,9 +16,11 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from streaming.avatar_stream import AvatarStream, FrameMeta, Tick
-from streaming.frames import ComposedFrame
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.streaming.avatar_stream import AvatarStream
+from lipcast.streaming.frames import ComposedFrame
+from lipcast.streaming.tick import Tick
+from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,9 @@ class _StreamTrack(MediaStreamTrack):
 
 
 class AvatarVideoTrack(_StreamTrack):
-    """Paces the stream's composed frames (:mod:`streaming.frames`): every video track of one stream gets the
-    same picture for a tick, composed once (``recv`` wraps it in a VideoFrame of this track's own)."""
+    """Paces the stream's composed frames (:mod:`lipcast.streaming.frames`): every video track of one stream
+    gets the same picture for a tick, composed once (``recv`` wraps it in a VideoFrame of this track's
+    own)."""
 
     kind = "video"
 

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 
 VAD_FRAME_MS = 20  # webrtcvad accepts 10, 20 or 30 ms
 SUPPORTED_RATES_HZ = (8_000, 16_000, 32_000, 48_000)

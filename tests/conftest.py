@@ -14,7 +14,7 @@ from tests.system import INSTALL_COMMAND, INSTALL_HINT
 @pytest.fixture
 def loopback_ice() -> Iterator[None]:
     """aioice never offers 127.0.0.1; tests run both peers on loopback only."""
-    from streaming.rtc import restrict_host_addresses
+    from lipcast.streaming.rtc import restrict_host_addresses
 
     restore = restrict_host_addresses(["127.0.0.1"])
     yield

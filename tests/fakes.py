@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 
 SAMPLE_RATE_HZ = MEDIA_SAMPLE_RATE_HZ
 

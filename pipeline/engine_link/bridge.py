@@ -2,9 +2,10 @@
 
 An :class:`EngineBridge` owns one worker's ring (it creates the shared memory block) and the engine end of
 its pipe. A reader thread takes each note, reads the request out of its slot and submits it to the
-:class:`~pipeline.engine.RenderEngine` under a session id qualified by the link (``"w3/abc..."``), so frames
-of all workers queue, batch and expire together, each with its own deadline. When a frame's future resolves
-(on the engine's worker thread) its patch is written into the slot's response record and a note goes back.
+:class:`~lipcast.pipeline.engine.RenderEngine` under a session id qualified by the link (``"w3/abc..."``), so
+frames of all workers queue, batch and expire together, each with its own deadline. When a frame's future
+resolves (on the engine's worker thread) its patch is written into the slot's response record and a note goes
+back.
 
 A worker that dies closes its pipe: the bridge then cancels every frame of that worker still queued in the
 engine, and :meth:`close` frees the shared memory. Other links are untouched.
@@ -19,9 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
-from pipeline.backend import RenderedPatch
-from pipeline.engine import DeadlineExpiredError, RenderEngine
-from pipeline.engine_link.ring import (
+from lipcast.pipeline.backend import RenderedPatch
+from lipcast.pipeline.engine import DeadlineExpiredError, RenderEngine
+from lipcast.pipeline.engine_link.ring import (
     CANCEL_SESSION,
     CANCELLED,
     DONE,

@@ -5,10 +5,10 @@
 worker's sessions run unchanged. ``submit`` takes a free slot, writes the request into shared memory and
 sends a 5-byte note; a reader thread receives the engine side's answers, copies each patch out of its slot,
 frees the slot and resolves the future. A frame the engine dropped at its deadline fails with
-:class:`~pipeline.engine.DeadlineExpiredError`, exactly as from a local engine.
+:class:`~lipcast.pipeline.engine.DeadlineExpiredError`, exactly as from a local engine.
 
 When the engine side goes away (the pipe closes), every pending frame fails with
-:class:`~pipeline.engine.EngineStoppedError`, ``running`` turns False and ``on_lost`` is called.
+:class:`~lipcast.pipeline.engine.EngineStoppedError`, ``running`` turns False and ``on_lost`` is called.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.engine import DeadlineExpiredError, EngineStats, EngineStoppedError
-from pipeline.engine_link.ring import (
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.engine import DeadlineExpiredError, EngineStats, EngineStoppedError
+from lipcast.pipeline.engine_link.ring import (
     CANCELLED,
     DONE,
     EXPIRED,

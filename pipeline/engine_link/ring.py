@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from pipeline.backend import FloatArray, RenderedPatch, RenderItem, UInt8Array
+from lipcast.pipeline.backend import FloatArray, RenderedPatch, RenderItem, UInt8Array
 
 REQUEST_HEADER = struct.Struct("<16s64sid")  # session, avatar, frame index, deadline (88 bytes)
 RESPONSE_HEADER = struct.Struct("<iiii")  # top, left, height, width

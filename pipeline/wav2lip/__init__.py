@@ -6,12 +6,12 @@ or weights are included: the user supplies a generator checkpoint (``wav2lip.pth
 
 from __future__ import annotations
 
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.checkpoint import CheckpointError, load_checkpoint, load_wav2lip
-from pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT, Wav2LipFeaturizer
-from pipeline.wav2lip.fold import fold_batchnorm
-from pipeline.wav2lip.mel import StreamingMel, melspectrogram
-from pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.checkpoint import CheckpointError, load_checkpoint, load_wav2lip
+from lipcast.pipeline.wav2lip.featurizer import INFERENCE_ALIGNMENT, TRAINING_ALIGNMENT, Wav2LipFeaturizer
+from lipcast.pipeline.wav2lip.fold import fold_batchnorm
+from lipcast.pipeline.wav2lip.mel import StreamingMel, melspectrogram
+from lipcast.pipeline.wav2lip.model import Wav2Lip
 
 __all__ = [
     "INFERENCE_ALIGNMENT",

@@ -1,4 +1,4 @@
-"""The Wav2Lip :class:`~pipeline.backend.LipSyncBackend`.
+"""The Wav2Lip :class:`~lipcast.pipeline.backend.LipSyncBackend`.
 
 Per avatar, once (``add_avatar``): face inputs (:mod:`.faces`) go through the BN-folded face encoder and
 the seven skip features of every frame stay on the device, with the frame's original face-box pixels.
@@ -42,22 +42,22 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.defaults import COMPILE_MODE, WAV2LIP, default_batch_sizes
-from pipeline.timing import FPS
-from pipeline.warmup import time_batch_sizes
-from pipeline.wav2lip.checkpoint import load_wav2lip
-from pipeline.wav2lip.compile_cache import CompileCache, environment_key
-from pipeline.wav2lip.compiled import CompiledDecoder, Compiler
-from pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
-from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
-from pipeline.wav2lip.fold import fold_batchnorm
-from pipeline.wav2lip.fused import fuse_conv_units
-from pipeline.wav2lip.gather import gather_rows
-from pipeline.wav2lip.mel import SAMPLE_RATE_HZ
-from pipeline.wav2lip.model import N_FACE_FEATURES
-from pipeline.wav2lip.paste import (
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.defaults import COMPILE_MODE, WAV2LIP, default_batch_sizes
+from lipcast.pipeline.timing import FPS
+from lipcast.pipeline.warmup import time_batch_sizes
+from lipcast.pipeline.wav2lip.checkpoint import load_wav2lip
+from lipcast.pipeline.wav2lip.compile_cache import CompileCache, environment_key
+from lipcast.pipeline.wav2lip.compiled import CompiledDecoder, Compiler
+from lipcast.pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_inputs
+from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
+from lipcast.pipeline.wav2lip.fold import fold_batchnorm
+from lipcast.pipeline.wav2lip.fused import fuse_conv_units
+from lipcast.pipeline.wav2lip.gather import gather_rows
+from lipcast.pipeline.wav2lip.mel import SAMPLE_RATE_HZ
+from lipcast.pipeline.wav2lip.model import N_FACE_FEATURES
+from lipcast.pipeline.wav2lip.paste import (
     DEFAULT_FEATHER_PX,
     DEFAULT_MASK_TOP_FRACTION,
     face_mask,
@@ -65,9 +65,9 @@ from pipeline.wav2lip.paste import (
     paste_faces,
     paste_table,
 )
-from pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
-from pipeline.wav2lip.rows import crop_features, decode_rows, first_face_row, plan_rows
-from pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
+from lipcast.pipeline.wav2lip.range_check import RangeReport, check_avatar_fp16
+from lipcast.pipeline.wav2lip.rows import crop_features, decode_rows, first_face_row, plan_rows
+from lipcast.pipeline.wav2lip.tables import AvatarEntry, batch_rows, face_canvas, remove_entry
 
 logger = logging.getLogger(__name__)
 

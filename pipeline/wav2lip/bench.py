@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderItem
-from pipeline.defaults import COMPILE_MODE
-from pipeline.timing import FPS
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.compile_cache import CompileCache
-from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
-from pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.defaults import COMPILE_MODE
+from lipcast.pipeline.timing import FPS
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.compile_cache import CompileCache
+from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+from lipcast.pipeline.wav2lip.model import FACE_CHANNELS, FACE_SIZE_PX, Wav2Lip
 
 BENCH_FRAME_SIZE_PX = 512  # synthetic avatar frames, square
 BENCH_FACE_BOX = (128, 96, 384, 352)  # x1, y1, x2, y2: a 256x256 face

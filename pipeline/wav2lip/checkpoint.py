@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.model import Wav2Lip
 
 StateDict = dict[str, torch.Tensor]
 STATE_DICT_KEY = "state_dict"

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from pipeline.defaults import COMPILE_MODE
+from lipcast.pipeline.defaults import COMPILE_MODE
 
 logger = logging.getLogger(__name__)
 

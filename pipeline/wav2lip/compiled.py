@@ -5,12 +5,12 @@ What is compiled is the per-frame network work on cached face features,
     face = decode_rows(model, model.encode_audio(mel), feats, plan)  # (N,1,80,16), 7 feats -> (N,3,R,96)
 
 with ``dynamic=False`` (one specialised graph per batch size, the engine's fixed buckets) in mode
-:data:`~pipeline.defaults.COMPILE_MODE` (``default``: Inductor fuses the bias, residual adds, ReLUs and
-the skip concatenations around the cuDNN convolutions) or ``max-autotune-no-cudagraphs`` (also autotunes every
-convolution, cuDNN against its Triton templates; builds far longer). Inductor's own CUDA graphs are never
-used: the backend captures the compiled kernels inside its own graph per bucket (together with the gather
-of the cached features and the paste). The gather and the paste stay eager code inside that graph: their
-shapes follow the avatar tables and the canvas, which change at run time (an uploaded avatar), and a
+:data:`~lipcast.pipeline.defaults.COMPILE_MODE` (``default``: Inductor fuses the bias, residual adds, ReLUs
+and the skip concatenations around the cuDNN convolutions) or ``max-autotune-no-cudagraphs`` (also autotunes
+every convolution, cuDNN against its Triton templates; builds far longer). Inductor's own CUDA graphs are
+never used: the backend captures the compiled kernels inside its own graph per bucket (together with the
+gather of the cached features and the paste). The gather and the paste stay eager code inside that graph:
+their shapes follow the avatar tables and the canvas, which change at run time (an uploaded avatar), and a
 recompile then would stall the engine.
 
 Compiling happens on a batch size's first call, in the backend's warm-up before its graph is captured.
@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
-from pipeline.wav2lip.fused import register_fake_kernels
-from pipeline.wav2lip.model import Wav2Lip
-from pipeline.wav2lip.rows import RowPlan, decode_rows
+from lipcast.pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
+from lipcast.pipeline.wav2lip.fused import register_fake_kernels
+from lipcast.pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.rows import RowPlan, decode_rows
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import Avatar
-from pipeline.wav2lip.model import FACE_SIZE_PX
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.wav2lip.model import FACE_SIZE_PX
 
 FloatArray = npt.NDArray[np.float32]
 UInt8Array = npt.NDArray[np.uint8]

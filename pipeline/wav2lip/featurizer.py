@@ -36,8 +36,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.timing import FPS
-from pipeline.wav2lip.mel import (
+from lipcast.pipeline.timing import FPS
+from lipcast.pipeline.wav2lip.mel import (
     CENTER_PAD,
     HOP_LENGTH,
     MEL_FRAMES_PER_SECOND,
@@ -46,7 +46,7 @@ from pipeline.wav2lip.mel import (
     SILENCE_LEVEL,
     StreamingMel,
 )
-from pipeline.wav2lip.model import MEL_WINDOW_FRAMES
+from lipcast.pipeline.wav2lip.model import MEL_WINDOW_FRAMES
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -78,7 +78,7 @@ def exact_need_samples(fps: int, window_offset_frames: int) -> int:
 
 
 class Wav2LipFeaturizer:
-    """Streaming :class:`~pipeline.backend.Featurizer` producing Wav2Lip mel windows.
+    """Streaming :class:`~lipcast.pipeline.backend.Featurizer` producing Wav2Lip mel windows.
 
     After the n-th push (n = 1, 2, ...) it returns the window of frame ``n - 1 - lag_frames``; the pushes
     before frame 0 get a silent window. Frame ``i``'s own hop is the pushed samples

@@ -1,10 +1,11 @@
 """Folded conv units as single cuDNN calls on CUDA: convolution + bias (+ residual add) + ReLU.
 
-After :func:`~pipeline.wav2lip.fold.fold_batchnorm` a :class:`~pipeline.wav2lip.model.ConvUnit` is a
-convolution with bias, an optional residual add of its input and a ReLU: three kernels in eager mode, two of
-them full passes over the activation. ``torch.cudnn_convolution_relu`` and
-``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a CPU, or when the convolution has
-forward hooks (:mod:`.range_check` watches every convolution's output), the unit runs as before.
+After :func:`~lipcast.pipeline.wav2lip.fold.fold_batchnorm` a
+:class:`~lipcast.pipeline.wav2lip.model.ConvUnit` is a convolution with bias, an optional residual add of its
+input and a ReLU: three kernels in eager mode, two of them full passes over the activation.
+``torch.cudnn_convolution_relu`` and ``torch.cudnn_convolution_add_relu`` do all of it in one cuDNN call. On a
+CPU, or when the convolution has forward hooks (:mod:`.range_check` watches every convolution's output), the
+unit runs as before.
 
 ``torch.compile`` can trace the fused units once :func:`register_fake_kernels` has given the two ops their
 shape functions (torch has none): Inductor then calls them as external kernels and fuses what lies between
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.wav2lip.model import ConvUnit
+from lipcast.pipeline.wav2lip.model import ConvUnit
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 _fakes_registered = False

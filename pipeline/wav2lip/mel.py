@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ
 
 FloatArray = npt.NDArray[np.float32]
 Float64Array = npt.NDArray[np.float64]

@@ -6,7 +6,7 @@ Only the part of a box that the blend can change is produced: its rows from :fun
 rest of the canvas is ignored by the caller. Resampling uses
 ``grid_sample`` (bilinear, border padding, align_corners=False) with the grid ``2 (x + 0.5) / w - 1``, which
 is the half-pixel mapping of ``cv2.resize(..., INTER_LINEAR)``. The lower-face blend mask is drawn once in
-96x96 face space (:func:`pipeline.compositing.feathered_box_mask`) and resampled with the face, so its
+96x96 face space (:func:`lipcast.pipeline.compositing.feathered_box_mask`) and resampled with the face, so its
 feather scales with the box. Everything runs in float32 whatever the network's dtype.
 
 What depends only on an avatar frame's box is computed once per frame (:func:`paste_table`): the grid is
@@ -23,8 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.compositing import blend, feathered_box_mask, feathered_box_profiles
-from pipeline.wav2lip.model import FACE_SIZE_PX
+from lipcast.pipeline.compositing import blend, feathered_box_mask, feathered_box_profiles
+from lipcast.pipeline.wav2lip.model import FACE_SIZE_PX
 
 DEFAULT_FEATHER_PX = 8.0  # in 96x96 face pixels (~8 % of the box)
 DEFAULT_MASK_TOP_FRACTION = 0.5  # the blend starts where the network's input mask starts (row 48)

@@ -21,7 +21,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.model import Wav2Lip
 
 logger = logging.getLogger(__name__)
 

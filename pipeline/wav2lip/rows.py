@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.wav2lip.fused import FusedConvUnit
-from pipeline.wav2lip.model import FACE_SIZE_PX, N_FACE_FEATURES, ConvTransposeUnit, ConvUnit, Wav2Lip
+from lipcast.pipeline.wav2lip.fused import FusedConvUnit
+from lipcast.pipeline.wav2lip.model import FACE_SIZE_PX, N_FACE_FEATURES, ConvTransposeUnit, ConvUnit, Wav2Lip
 
 _PASS_THROUGH = (nn.Identity, nn.ReLU, nn.Sigmoid)
 

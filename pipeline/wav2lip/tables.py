@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import Avatar, UnknownAvatarError
-from pipeline.backend import RenderItem
-from pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
-from pipeline.wav2lip.paste import first_blended_row
+from lipcast.pipeline.avatar import Avatar, UnknownAvatarError
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE
+from lipcast.pipeline.wav2lip.paste import first_blended_row
 
 CANVAS_MULTIPLE_PX = 8
 

@@ -1,12 +1,12 @@
 """Runs in the **front**: the media worker processes, where calls go, and what happens when a worker fails.
 
 Each worker is a ``multiprocessing`` (spawn) process serving the lipcast API on a Unix socket in a private
-directory; with the shared engine it also has an :class:`~pipeline.engine_link.bridge.EngineBridge` (its
-shared-memory ring and pipe). The pool
+directory; with the shared engine it also has an :class:`~lipcast.pipeline.engine_link.bridge.EngineBridge`
+(its shared-memory ring and pipe). The pool
 
 * places a new call on the ready worker with the fewest calls (reserving the slot while the offer is
   forwarded) and refuses it when the whole server has ``max_sessions`` calls (503, Retry-After); with one
-  engine per GPU (:class:`~pipeline.engine_group.EngineGroup`) worker ``i`` is bound to engine
+  engine per GPU (:class:`~lipcast.pipeline.engine_group.EngineGroup`) worker ``i`` is bound to engine
   ``i % engines`` and a call first goes to the engine with the most headroom (the fewest calls), then to
   the least-loaded worker bound to it;
 * remembers which worker owns which session, learnt from the answers, and forgets sessions that a worker no
@@ -35,17 +35,24 @@ from typing import Any
 
 import aiohttp
 
-from pipeline.defaults import BUILTIN
-from pipeline.engine import RenderEngine
-from pipeline.engine_group import EngineGroup
-from pipeline.engine_link.bridge import EngineBridge
-from pipeline.engine_link.ring import RingLayout
-from server.capacity import RETRY_AFTER_S
-from server.config import Settings
-from server.errors import CapacityError, NotFoundError
-from server.state import Runtime
-from server.worker.main import run_worker
-from server.worker.spec import ENGINE, WORKER, BackendInfo, EngineLinkSpec, WorkerSpec
+from lipcast.pipeline.defaults import BUILTIN
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.pipeline.engine_link.bridge import EngineBridge
+from lipcast.pipeline.engine_link.ring import RingLayout
+from lipcast.server.capacity import RETRY_AFTER_S
+from lipcast.server.config import Settings
+from lipcast.server.errors import CapacityError, NotFoundError
+from lipcast.server.state import Runtime
+from lipcast.server.worker.main import run_worker
+from lipcast.server.worker.messages import (
+    ENGINE,
+    STATE_PATH,
+    WORKER,
+    BackendInfo,
+    EngineLinkSpec,
+    WorkerSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +337,6 @@ class WorkerPool:
                 del worker.sessions[session_id]  # ended in the worker (hung up, timed out, failed)
 
     async def fetch_state(self, worker: Worker) -> dict[str, Any] | None:
-        from server.worker.runtime import STATE_PATH
 
         try:
             timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)

@@ -2,7 +2,8 @@
 
 :func:`install_media_tier` (called by ``create_app`` when ``media_workers > 1``) adds
 
-* the worker pool (:mod:`server.front.pool`), started once the front's runtime (avatars, engine) is up;
+* the worker pool (:mod:`lipcast.server.front.pool`), started once the front's runtime (avatars, engine)
+  is up;
 * a middleware: ``POST /offer`` and ``POST /whip`` are authenticated, admitted against the whole server's
   capacity, placed on the least-loaded worker and forwarded; ``/sessions/{id}``, ``/whip/{id}``,
   ``/whep/{id}`` and its viewers go to the worker that owns the session (404 for one no worker owns). The
@@ -25,15 +26,15 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from server import routes
-from server.auth import require_bearer
-from server.capacity import STARTING_RETRY_AFTER_S
-from server.errors import CapacityError, ServiceUnavailableError
-from server.front.pool import Worker, WorkerPool
-from server.front.promtext import merge_expositions
-from server.metrics import CONTENT_TYPE
-from server.serve import ALSO_DRAIN
-from server.state import METRICS, RUNTIME, SETTINGS, runtime_of
+from lipcast.server import routes
+from lipcast.server.auth import require_bearer
+from lipcast.server.capacity import STARTING_RETRY_AFTER_S
+from lipcast.server.errors import CapacityError, ServiceUnavailableError
+from lipcast.server.front.pool import Worker, WorkerPool
+from lipcast.server.front.promtext import merge_expositions
+from lipcast.server.metrics import CONTENT_TYPE
+from lipcast.server.serve import ALSO_DRAIN
+from lipcast.server.state import METRICS, RUNTIME, SETTINGS, runtime_of
 
 logger = logging.getLogger(__name__)
 

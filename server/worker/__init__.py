@@ -5,8 +5,8 @@ passes through the front), inbound audio, VAD, jitter buffer, media clock, featu
 viewers. It serves the ordinary lipcast HTTP API on a Unix socket that only the front talks to, plus
 ``GET /_worker/state`` for the front's health checks and bookkeeping.
 
-* :mod:`server.worker.spec` -- what the front hands a worker at spawn (shared by both processes).
-* :mod:`server.worker.runtime` -- the worker's runtime: its sessions render through the front's engine
-  (:class:`~pipeline.engine_link.client.SharedRenderer`) or in a CPU engine of their own.
-* :mod:`server.worker.main` -- the process entry point and its signal handling.
+* :mod:`lipcast.server.worker.messages` -- every message between the front and a worker (both import it).
+* :mod:`lipcast.server.worker.runtime` -- the worker's runtime: its sessions render through the front's engine
+  (:class:`~lipcast.pipeline.engine_link.client.SharedRenderer`) or in a CPU engine of their own.
+* :mod:`lipcast.server.worker.main` -- the process entry point and its signal handling.
 """

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 
-from server.worker.spec import WorkerSpec
+from lipcast.server.worker.messages import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def run_worker(spec: WorkerSpec) -> None:
     )
     logging.getLogger("aioice").setLevel(logging.WARNING)
     logging.getLogger("aiortc").setLevel(logging.WARNING)
-    from streaming.memory import keep_frame_buffers_in_heap
+    from lipcast.streaming.memory import keep_frame_buffers_in_heap
 
     keep_frame_buffers_in_heap()  # per-frame buffers from the heap, not fresh pages (streaming/memory.py)
     import cv2
@@ -38,16 +38,17 @@ def run_worker(spec: WorkerSpec) -> None:
     # spins (H200 box, 12 workers with 2 calls each: its threads took 0.30 cores a worker).
     cv2.setNumThreads(1)
     if spec.settings.ice_addresses:
-        from streaming.rtc import restrict_host_addresses
+        from lipcast.streaming.rtc import restrict_host_addresses
 
         restrict_host_addresses(spec.settings.ice_addresses)  # aioice binds in this process
     asyncio.run(_serve(spec))
 
 
 async def _serve(spec: WorkerSpec) -> None:
-    from server.app import create_app
-    from server.serve import serve_until_signalled
-    from server.worker.runtime import STATE_PATH, WORKER_SPEC, runtime_builder, worker_state
+    from lipcast.server.process_app import create_process_app
+    from lipcast.server.serve import serve_until_signalled
+    from lipcast.server.worker.messages import STATE_PATH
+    from lipcast.server.worker.runtime import WORKER_SPEC, runtime_builder, worker_state
 
     loop = asyncio.get_running_loop()
     abort = asyncio.Event()
@@ -56,7 +57,7 @@ async def _serve(spec: WorkerSpec) -> None:
         logger.error("the render engine's link closed: closing this worker's calls")
         loop.call_soon_threadsafe(abort.set)
 
-    app = create_app(spec.settings, runtime_builder=runtime_builder(spec, engine_lost))
+    app = create_process_app(spec.settings, runtime_builder=runtime_builder(spec, engine_lost))
     app[WORKER_SPEC] = spec
     app.router.add_get(STATE_PATH, worker_state)
 

@@ -1,4 +1,5 @@
-"""Runs in a **media worker**: builds the worker's :class:`~server.state.Runtime` and its state endpoint."""
+"""Runs in a **media worker**: builds the worker's :class:`~lipcast.server.state.Runtime` and its state
+endpoint."""
 
 from __future__ import annotations
 
@@ -9,19 +10,15 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from pipeline.backend import LipSyncBackend
-from pipeline.engine_link.client import SharedRenderer
-from pipeline.registry import AvatarRegistry
-from pipeline.runtime import configure_threads
-from server.app import build_runtime, load_avatars
-from server.config import Settings
-from server.cpu_usage import cpu_snapshot
-from server.sessions import SessionManager
-from server.state import RUNTIME, Runtime
-from server.worker.spec import ENGINE, LinkedBackend, WorkerSpec
-from streaming.clock import Clock
-
-STATE_PATH = "/_worker/state"
+from lipcast.pipeline.backend import LipSyncBackend
+from lipcast.pipeline.devices import configure_threads
+from lipcast.pipeline.engine_link.client import SharedRenderer
+from lipcast.server.assembly import build_linked_runtime, build_runtime
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME, Runtime
+from lipcast.server.worker.messages import ENGINE, LinkedBackend, WorkerSpec, WorkerState
+from lipcast.streaming.clock import Clock
+from lipcast.streaming.cpu_usage import cpu_snapshot
 
 
 def runtime_builder(
@@ -36,12 +33,8 @@ def runtime_builder(
         configure_threads(info.name, _cpu(), 1)
         renderer = SharedRenderer(link.layout, link.shm_name, link.conn, on_lost=on_engine_lost)
         backend = cast(LipSyncBackend, LinkedBackend(info))
-        registry = AvatarRegistry(renderer)
-        for avatar in load_avatars(settings).values():
-            registry.add(avatar)
-        sessions = SessionManager(settings, backend, renderer, registry, clock)
         device = {"device": "front process (shared engine)", "render_in": ENGINE}
-        return Runtime(settings, backend, renderer, registry, sessions, device)
+        return build_linked_runtime(settings, renderer, backend, device, clock)
 
     def local(settings: Settings, clock: Clock | None) -> Runtime:
         runtime = build_runtime(settings.with_overrides(device="cpu", gpus=()), clock)
@@ -61,7 +54,7 @@ async def worker_state(request: web.Request) -> web.Response:
     """What the front polls: live session ids, counters, CPU time. Answering at all proves liveness."""
     runtime = request.app.get(RUNTIME)
     spec: WorkerSpec = request.app[WORKER_SPEC]
-    body: dict[str, Any] = {
+    body: WorkerState = {
         "index": spec.index,
         "pid": os.getpid(),
         "process_cpu_s": round(time.process_time(), 3),

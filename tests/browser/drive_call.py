@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from server.app import create_app
-from server.config import Settings
-from streaming.rtc import restrict_host_addresses
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.streaming.rtc import restrict_host_addresses
 
 CHROMIUM_FLAGS = [
     "--headless=new",

@@ -21,11 +21,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from server.app import create_app
-from server.config import Settings
-from server.probe.patterns import burst_pattern
-from server.probe.wish import open_publisher
-from streaming.rtc import restrict_host_addresses
+from lipcast.probe.patterns import burst_pattern
+from lipcast.probe.wish import open_publisher
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.streaming.rtc import restrict_host_addresses
 from tests.browser.drive_call import DevTools, free_port, launch_browser, page_socket, stop_browser
 
 TOKEN = "viewer-test-token"

@@ -138,7 +138,7 @@ def run(work: Path, sessions: int, duration_s: float, max_sessions: tuple[int, .
                     [
                         sys.executable,
                         "-m",
-                        "server",
+                        "lipcast",
                         "serve",
                         "--host",
                         "127.0.0.1",
@@ -177,7 +177,7 @@ def run(work: Path, sessions: int, duration_s: float, max_sessions: tuple[int, .
             [
                 sys.executable,
                 "-m",
-                "server",
+                "lipcast",
                 "probe",
                 FRONT_URL,
                 "--sessions",

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from server.config import Settings
+from lipcast.server.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 PRESTOP_SLEEP_S = 5
-# LIPCAST_* variables that are not one Settings field each (see server.flags.settings_from).
+# LIPCAST_* variables that are not one Settings field each (see lipcast.server.flags.settings_from).
 LIST_VARIABLES = {
     "ICE_SERVERS",
     "ICE_ADDRESSES",

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
 
 UInt8Array = npt.NDArray[np.uint8]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ
 
 SAMPLE_RATE_HZ = FEATURE_SAMPLE_RATE_HZ
 

@@ -9,8 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pipeline.audio_file import decode_audio
-from server.probe.patterns import load_audio
+from lipcast.pipeline.audio_file import decode_audio
+from lipcast.probe.patterns import load_audio
 
 
 def write_wav(path: Path, samples: npt.NDArray[np.int16], rate_hz: int, channels: int = 1) -> Path:

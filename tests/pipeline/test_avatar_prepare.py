@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.avatar import MANIFEST_NAME, AvatarError, load_avatar
-from pipeline.avatar_prepare import (
+from lipcast.cli import main
+from lipcast.pipeline.avatar import MANIFEST_NAME, AvatarError, load_avatar
+from lipcast.pipeline.avatar_prepare import (
     AvatarExistsError,
     InputLimitError,
     NoFaceError,
@@ -21,8 +22,7 @@ from pipeline.avatar_prepare import (
     probe_media,
     smooth_over_time,
 )
-from pipeline.face_detect import HaarFaceDetector, face_geometry
-from server.cli import main
+from lipcast.pipeline.face_detect import HaarFaceDetector, face_geometry
 from tests.pipeline.face_media import (
     astronaut_frames,
     drawn_face,
@@ -194,7 +194,7 @@ class FakeYuNet:
 def test_yunet_landmarks_give_eyes_and_mouth(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import cv2
 
-    from pipeline.face_detect import YuNetFaceDetector, create_detector
+    from lipcast.pipeline.face_detect import YuNetFaceDetector, create_detector
 
     model = tmp_path / "yunet.onnx"
     model.write_bytes(b"onnx")

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.avatar import Avatar, UnknownAvatarError
-from pipeline.backend import Featurizer, LipSyncBackend, RenderedPatch, RenderItem
-from pipeline.builtin import BuiltinBackend, mouth_rois
+from lipcast.pipeline.avatar import Avatar, UnknownAvatarError
+from lipcast.pipeline.backend import Featurizer, LipSyncBackend, RenderedPatch, RenderItem
+from lipcast.pipeline.builtin import BuiltinBackend, mouth_rois
 
 CPU = torch.device("cpu")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, discover_avatars, load_avatar
-from pipeline.backend import RenderItem
-from pipeline.builtin import BuiltinBackend
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, discover_avatars, load_avatar
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.builtin import BuiltinBackend
 
 
 def test_default_avatar_loads_and_validates() -> None:

@@ -10,8 +10,8 @@ from concurrent.futures import Future, wait
 import numpy as np
 import pytest
 
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.engine import DeadlineExpiredError, EngineStoppedError, RenderEngine, bucket_for
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.engine import DeadlineExpiredError, EngineStoppedError, RenderEngine, bucket_for
 from tests.fakes import FakeBackend, tiny_avatar
 
 
@@ -162,7 +162,7 @@ def test_the_worker_thread_can_run_at_a_lower_priority() -> None:
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_the_worker_thread_runs_on_a_cuda_device_named_with_or_without_its_index(device: str) -> None:
     """The server's default device is plain "cuda": the worker thread must take it (it once died at start)."""
-    from pipeline.runtime import resolve_devices
+    from lipcast.pipeline.devices import resolve_devices
 
     assert all(d.index is not None for d in resolve_devices("cuda"))
     engine = RenderEngine(FakeBackend(), (1,), device=device)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.backend import RenderedPatch
-from pipeline.engine import RenderEngine
-from pipeline.engine_group import EngineGroup, summed_stats
-from pipeline.runtime import resolve_devices
+from lipcast.pipeline.backend import RenderedPatch
+from lipcast.pipeline.devices import resolve_devices
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.engine_group import EngineGroup, summed_stats
 from tests.fakes import tiny_avatar
 from tests.pipeline.test_engine import SlowBackend, item
 
@@ -79,7 +79,7 @@ def test_devices_from_the_gpus_setting() -> None:
 
 
 def test_a_group_renders_real_patches_on_cpu() -> None:
-    from pipeline.builtin import BuiltinBackend
+    from lipcast.pipeline.builtin import BuiltinBackend
 
     engines = [RenderEngine(BuiltinBackend(torch.device("cpu")), (1, 2), device="cpu") for _ in range(2)]
     group = EngineGroup(engines)
@@ -87,7 +87,7 @@ def test_a_group_renders_real_patches_on_cpu() -> None:
     group.start()
     try:
         conditioning = np.array([0.8, 0.3, 0.1], np.float32)
-        from pipeline.backend import RenderItem
+        from lipcast.pipeline.backend import RenderItem
 
         patches = [group.submit(f"s{i}", RenderItem("tiny", 0, conditioning)).result(30) for i in range(2)]
         assert patches[0].pixels.shape == patches[1].pixels.shape

@@ -15,11 +15,11 @@ from multiprocessing import Pipe
 import numpy as np
 import pytest
 
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.engine import DeadlineExpiredError, EngineStoppedError, RenderEngine
-from pipeline.engine_link.bridge import EngineBridge
-from pipeline.engine_link.client import RingFullError, SharedRenderer
-from pipeline.engine_link.ring import Ring, RingError, RingLayout, hang_up
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.engine import DeadlineExpiredError, EngineStoppedError, RenderEngine
+from lipcast.pipeline.engine_link.bridge import EngineBridge
+from lipcast.pipeline.engine_link.client import RingFullError, SharedRenderer
+from lipcast.pipeline.engine_link.ring import Ring, RingError, RingLayout, hang_up
 from tests.fakes import FakeBackend, tiny_avatar
 from tests.pipeline.test_engine import SlowBackend
 

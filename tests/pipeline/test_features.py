@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from pipeline import features
-from pipeline.backend import Featurizer
-from pipeline.features import (
+from lipcast.pipeline import features
+from lipcast.pipeline.backend import Featurizer
+from lipcast.pipeline.features import (
     FLOOR_MIN_DBFS,
     SILENCE_DBFS,
     AttackReleaseSmoother,

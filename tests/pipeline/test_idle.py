@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, AvatarError, load_avatar
-from pipeline.backend import RenderItem
-from pipeline.builtin import BuiltinBackend
-from pipeline.engine import RenderEngine
-from pipeline.idle import BLINK_CLOSURE, IDLE_LOOP_FRAMES, blink_closure, with_idle_motion
-from pipeline.registry import AvatarRegistry
-from streaming.avatar_stream import idle_frame_index
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, AvatarError, load_avatar
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.builtin import BuiltinBackend
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.pipeline.idle import BLINK_CLOSURE, IDLE_LOOP_FRAMES, blink_closure, with_idle_motion
+from lipcast.pipeline.registry import AvatarRegistry
+from lipcast.streaming.avatar_stream import idle_frame_index
 from tests.fakes import FakeBackend, tiny_avatar
 
 

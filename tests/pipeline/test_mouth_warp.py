@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.mouth_warp import BORDER_PX, LOWER_EDGE_SAMPLE_PX, lip_line_y, mouth_fields, render_mouths
+from lipcast.pipeline.mouth_warp import (
+    BORDER_PX,
+    LOWER_EDGE_SAMPLE_PX,
+    lip_line_y,
+    mouth_fields,
+    render_mouths,
+)
 
 HEIGHT, WIDTH = 96, 112
 # left corner, right corner, lip_y, chin_y (ROI coordinates): a slight smile, like the astronaut's.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.defaults import default_render_budget_ms
-from pipeline.runtime import MIN_RENDER_BUDGET_MS, RENDER_BUDGET_MARGIN_MS, measured_render_budget_ms
+from lipcast.pipeline.defaults import default_render_budget_ms
+from lipcast.pipeline.devices import MIN_RENDER_BUDGET_MS, RENDER_BUDGET_MARGIN_MS, measured_render_budget_ms
 
 TIMINGS = {1: 0.7, 2: 0.8, 4: 0.9, 8: 1.2, 16: 1.7, 32: 2.2, 64: 3.7, 128: 7.0}
 SIZES = tuple(TIMINGS)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.backend import Featurizer, FloatArray
-from pipeline.builtin import BuiltinBackend
-from pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FEATURE_SAMPLES_PER_FRAME
-from pipeline.warmup import speech_like_audio, warm_featurizer
-from pipeline.wav2lip.featurizer import Wav2LipFeaturizer
-from pipeline.wav2lip.mel import SILENCE_LEVEL
+from lipcast.pipeline.backend import Featurizer, FloatArray
+from lipcast.pipeline.builtin import BuiltinBackend
+from lipcast.pipeline.timing import FEATURE_SAMPLE_RATE_HZ, FEATURE_SAMPLES_PER_FRAME
+from lipcast.pipeline.warmup import speech_like_audio, warm_featurizer
+from lipcast.pipeline.wav2lip.featurizer import Wav2LipFeaturizer
+from lipcast.pipeline.wav2lip.mel import SILENCE_LEVEL
 
 
 class Recording:

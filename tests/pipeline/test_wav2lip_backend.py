@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.avatar import Avatar, UnknownAvatarError
-from pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.faces import crop_face_bgr, face_input, pad_boxes, prepare_face_inputs
-from pipeline.wav2lip.model import Wav2Lip
-from pipeline.wav2lip.paste import box_grid, face_mask, first_blended_row
+from lipcast.pipeline.avatar import Avatar, UnknownAvatarError
+from lipcast.pipeline.backend import LipSyncBackend, RenderedPatch, RenderItem
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.faces import crop_face_bgr, face_input, pad_boxes, prepare_face_inputs
+from lipcast.pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.paste import box_grid, face_mask, first_blended_row
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -5,14 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.wav2lip.checkpoint import (
+from lipcast.pipeline.wav2lip.checkpoint import (
     CheckpointError,
     check_state_dict,
     expected_shapes,
     load_checkpoint,
     load_wav2lip,
 )
-from pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.model import Wav2Lip
 
 
 @pytest.fixture(scope="module")

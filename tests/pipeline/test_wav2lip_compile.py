@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.avatar import Avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.defaults import COMPILE_MODE
-from pipeline.runtime import resolve_compile
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.compile_cache import (
+from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.defaults import COMPILE_MODE
+from lipcast.pipeline.devices import resolve_compile
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.compile_cache import (
     MANIFEST_NAME,
     CompileCache,
     CompileKey,
@@ -34,7 +34,7 @@ KEY = CompileKey(gpu="NVIDIA H200", torch="2.11.0", cuda="13.0", triton="3.5.0",
 
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
-    from pipeline.wav2lip.model import Wav2Lip
+    from lipcast.pipeline.wav2lip.model import Wav2Lip
 
     torch.manual_seed(5)
     return Wav2Lip().state_dict()

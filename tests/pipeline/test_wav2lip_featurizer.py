@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.backend import Featurizer
-from pipeline.wav2lip.featurizer import (
+from lipcast.pipeline.backend import Featurizer
+from lipcast.pipeline.wav2lip.featurizer import (
     INFERENCE_ALIGNMENT,
     TRAINING_ALIGNMENT,
     Wav2LipFeaturizer,
@@ -12,7 +12,7 @@ from pipeline.wav2lip.featurizer import (
     window_end_sample,
     window_start_column,
 )
-from pipeline.wav2lip.mel import melspectrogram
+from lipcast.pipeline.wav2lip.mel import melspectrogram
 
 
 def clip(seconds: float, seed: int = 0) -> np.ndarray:

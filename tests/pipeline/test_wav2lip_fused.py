@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.wav2lip.fold import fold_batchnorm
-from pipeline.wav2lip.fused import FusedConvUnit, fuse_conv_units
-from pipeline.wav2lip.model import ConvUnit, Wav2Lip
+from lipcast.pipeline.wav2lip.fold import fold_batchnorm
+from lipcast.pipeline.wav2lip.fused import FusedConvUnit, fuse_conv_units
+from lipcast.pipeline.wav2lip.model import ConvUnit, Wav2Lip
 
 gpu = pytest.mark.gpu
 

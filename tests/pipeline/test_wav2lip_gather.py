@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.wav2lip.gather import gather_rows
+from lipcast.pipeline.wav2lip.gather import gather_rows
 
 CL = torch.channels_last
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.wav2lip import mel as wmel
+from lipcast.pipeline.wav2lip import mel as wmel
 
 DATA = Path(__file__).parent / "data" / "wav2lip_librosa_mel.npz"
 # wav2lip_librosa_mel.npz was made once with librosa 0.11.0 and scipy (neither is a dependency):

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.wav2lip.fold import fold_batchnorm
-from pipeline.wav2lip.model import FACE_FEATURE_SHAPES, ConvUnit, Wav2Lip
+from lipcast.pipeline.wav2lip.fold import fold_batchnorm
+from lipcast.pipeline.wav2lip.model import FACE_FEATURE_SHAPES, ConvUnit, Wav2Lip
 
 
 def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:

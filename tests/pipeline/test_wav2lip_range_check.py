@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.backend import RenderItem
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.faces import prepare_face_inputs
-from pipeline.wav2lip.model import Wav2Lip
-from pipeline.wav2lip.range_check import FP16_MAX, activation_peaks, check_fp16_range, probe_mels
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.faces import prepare_face_inputs
+from lipcast.pipeline.wav2lip.model import Wav2Lip
+from lipcast.pipeline.wav2lip.range_check import FP16_MAX, activation_peaks, check_fp16_range, probe_mels
 from tests.pipeline.test_wav2lip_backend import make_avatar
 
 
@@ -63,7 +63,7 @@ def test_normal_weights_fit_and_scaled_weights_do_not(avatar) -> None:  # type: 
 def test_backend_falls_back_to_fp32_with_a_log_line(avatar, caplog) -> None:  # type: ignore[no-untyped-def]
     backend = Wav2LipBackend(scaled_weights(1e8), dtype=torch.float16, batch_sizes=(1, 2))
     assert backend.dtype == torch.float16
-    with caplog.at_level(logging.WARNING, logger="pipeline.wav2lip.range_check"):
+    with caplog.at_level(logging.WARNING, logger="lipcast.pipeline.wav2lip.range_check"):
         backend.add_avatar(avatar)
     assert backend.dtype == torch.float32
     assert next(backend.model.parameters()).dtype == torch.float32

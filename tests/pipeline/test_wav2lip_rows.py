@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.backend import RenderItem
-from pipeline.wav2lip.backend import Wav2LipBackend
-from pipeline.wav2lip.bench import random_items, synthetic_avatar
-from pipeline.wav2lip.fold import fold_batchnorm
-from pipeline.wav2lip.fused import fuse_conv_units
-from pipeline.wav2lip.model import FACE_SIZE_PX, Wav2Lip
-from pipeline.wav2lip.paste import (
+from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.wav2lip.backend import Wav2LipBackend
+from lipcast.pipeline.wav2lip.bench import random_items, synthetic_avatar
+from lipcast.pipeline.wav2lip.fold import fold_batchnorm
+from lipcast.pipeline.wav2lip.fused import fuse_conv_units
+from lipcast.pipeline.wav2lip.model import FACE_SIZE_PX, Wav2Lip
+from lipcast.pipeline.wav2lip.paste import (
     box_grid,
     face_mask,
     face_mask_profiles,
@@ -22,7 +22,7 @@ from pipeline.wav2lip.paste import (
     paste_faces,
     paste_table,
 )
-from pipeline.wav2lip.rows import (
+from lipcast.pipeline.wav2lip.rows import (
     crop_features,
     decode_rows,
     first_face_row,

@@ -13,11 +13,12 @@ import aiohttp
 import numpy as np
 import pytest
 
-from server.app import create_app, load_avatars
-from server.config import Settings
-from server.flags import parse_settings
-from server.probe.client import call
-from server.state import RUNTIME
+from lipcast.pipeline.assembly import load_avatars
+from lipcast.probe.client import call
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.flags import parse_settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 from tests.pipeline.face_media import drawn_face, drawn_face_frames, encode_video, write_image
 
@@ -131,7 +132,11 @@ async def test_upload_then_two_calls_with_two_avatars(
     # The name is taken now; a server started on the same directory finds both uploads again.
     async with client.post("/avatars", data=form("drawn", media["drawn"])) as response:
         assert response.status == 409
-    assert set(load_avatars(client.app[RUNTIME].settings)) == {"astronaut", "drawn", "still"}
+    assert set(load_avatars(client.app[RUNTIME].settings.avatar_search_path(), "astronaut")) == {
+        "astronaut",
+        "drawn",
+        "still",
+    }
 
 
 @pytest.mark.parametrize(

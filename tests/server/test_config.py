@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR
-from server.config import Settings
-from server.flags import parse_settings
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR
+from lipcast.server.config import Settings
+from lipcast.server.flags import parse_settings
 
 
 def test_defaults_serve_the_builtin_avatar_on_loopback() -> None:

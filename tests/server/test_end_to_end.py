@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.app import create_app
-from server.config import Settings
-from server.probe import analysis
-from server.probe.client import call
-from server.state import RUNTIME
+from lipcast.probe import analysis
+from lipcast.probe.client import call
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]

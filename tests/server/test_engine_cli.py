@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
-from server.flags import parse_settings
+from lipcast.cli import main
+from lipcast.server.flags import parse_settings
 
 
 def test_engine_build_on_cpu_has_nothing_to_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

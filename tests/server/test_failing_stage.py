@@ -18,11 +18,11 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.backend import RenderedPatch, RenderItem
-from server.app import create_app
-from server.config import Settings
-from server.probe.media import PatternAudioTrack
-from server.state import RUNTIME
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.probe.media import PatternAudioTrack
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]

@@ -16,10 +16,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.app import create_app
-from server.config import Settings
-from server.state import RUNTIME
-from streaming.rtc import restrict_host_addresses
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
+from lipcast.streaming.rtc import restrict_host_addresses
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 1200

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 
-from pipeline.engine_group import EngineGroup
-from server.app import create_app
-from server.config import Settings
-from server.front.tier import POOL, WORKER_HEADER
-from server.probe.wish import open_publisher, open_viewer
-from server.state import RUNTIME
+from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.probe.wish import open_publisher, open_viewer
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.front.tier import POOL, WORKER_HEADER
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]

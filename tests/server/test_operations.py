@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.app import create_app
-from server.config import Settings
-from server.probe.client import call
-from server.state import RUNTIME
+from lipcast.probe.client import call
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 from tests.waiting import eventually
 

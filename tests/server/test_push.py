@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 
-from pipeline.timing import MEDIA_SAMPLE_RATE_HZ
-from server.app import create_app
-from server.config import Settings
-from server.probe import analysis
-from server.probe.push_client import PushClient, create_push_session, open_push
-from server.probe.wish import Peer, open_viewer
-from server.state import RUNTIME
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.probe import analysis
+from lipcast.probe.push_client import PushClient, create_push_session, open_push
+from lipcast.probe.wish import Peer, open_viewer
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = pytest.mark.usefixtures("loopback_ice")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from server.app import create_app
-from server.config import Settings
-from server.state import RUNTIME
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

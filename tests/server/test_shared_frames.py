@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline import compositing
-from pipeline.backend import RenderedPatch
-from server.app import create_app
-from server.config import Settings
-from server.state import RUNTIME
-from server.virtualcam import newest_session_feed
+from lipcast.pipeline import compositing
+from lipcast.pipeline.backend import RenderedPatch
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
+from lipcast.server.virtualcam import newest_session_feed
 from tests.server.watched_call import syllables_after_silence, watched_call
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]

@@ -31,7 +31,7 @@ async def start_server(drain_timeout_s: float) -> tuple[subprocess.Popen[bytes],
         [
             sys.executable,
             "-m",
-            "server",
+            "lipcast",
             "serve",
             "--port",
             str(port),

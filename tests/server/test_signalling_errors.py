@@ -8,9 +8,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.app import create_app
-from server.config import Settings
-from server.state import RUNTIME
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("loopback_ice")

@@ -13,10 +13,17 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from server import cli
-from server.virtualcam import IDLE_FPS, VirtualCamera, VirtualCameraError, check_available, fit, open_camera
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.avatar_stream import AvatarStream
+from lipcast import cli
+from lipcast.server.virtualcam import (
+    IDLE_FPS,
+    VirtualCamera,
+    VirtualCameraError,
+    check_available,
+    fit,
+    open_camera,
+)
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.avatar_stream import AvatarStream
 from tests.fakes import FakeClock, LevelFeaturizer, tiny_avatar
 
 

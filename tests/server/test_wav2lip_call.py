@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.defaults import default_render_budget_ms
-from pipeline.wav2lip.model import Wav2Lip
-from server.app import create_app
-from server.config import Settings
-from server.probe import report
-from server.probe.client import call
-from server.state import RUNTIME
+from lipcast.pipeline.defaults import default_render_budget_ms
+from lipcast.pipeline.wav2lip.model import Wav2Lip
+from lipcast.probe import report
+from lipcast.probe.client import call
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
 from tests.fakes import speech_pattern, to_int16
 
 pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]

@@ -9,12 +9,12 @@ import pytest
 from aiohttp.test_utils import TestClient
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver
 
-from server.app import create_app
-from server.config import IceServer, Settings
-from server.probe import analysis
-from server.probe.wish import open_publisher, open_viewer
-from server.state import RUNTIME
-from streaming.fanout import VIDEO_QUEUE_FRAMES
+from lipcast.probe import analysis
+from lipcast.probe.wish import open_publisher, open_viewer
+from lipcast.server.app import create_app
+from lipcast.server.config import IceServer, Settings
+from lipcast.server.state import RUNTIME
+from lipcast.streaming.fanout import VIDEO_QUEUE_FRAMES
 from tests.fakes import speech_pattern, to_int16
 from tests.server.watched_call import syllables_after_silence, watched_call
 
@@ -149,7 +149,7 @@ async def test_whep_viewers_get_the_callers_frames_encoded_once(aiohttp_client) 
         assert np.abs(own[k].astype(int) - first[k]).mean() < np.abs(own[k].astype(int) - first[k + 2]).mean()
     # Viewer latency relative to the caller, frame by frame: the viewer gets the same ticks, from its own
     # bounded queue (VIDEO_QUEUE_FRAMES), never from further back. On a quiet machine the median is within a
-    # millisecond or two (`python -m server.probe.viewer_bench` measures it); a busy one delays the shared
+    # millisecond or two (`python -m lipcast.probe.viewer_bench` measures it); a busy one delays the shared
     # encode and fills that queue, so the test holds the viewer to the queue's bound, not to a speed.
     arrivals, seen = caller.frame_arrivals(), viewers[0].frame_arrivals()
     lag_ms = [(seen[k] - arrivals[k]) * 1000 for k in sorted(set(arrivals) & set(seen))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.front.pool import Worker, place_call
+from lipcast.server.front.pool import Worker, place_call
 
 
 def worker(index: int, engine: int, calls: int, *, ready: bool = True) -> Worker:

@@ -11,7 +11,7 @@ import sys
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from streaming.rtc import restrict_host_addresses
+from lipcast.streaming.rtc import restrict_host_addresses
 
 
 async def main(url: str) -> None:

@@ -10,7 +10,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from server.probe.wish import Peer, open_publisher, open_viewer
+from lipcast.probe.wish import Peer, open_publisher, open_viewer
 from tests.fakes import speech_pattern, to_int16
 
 

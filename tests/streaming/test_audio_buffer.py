@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from streaming.audio_buffer import UNDERRUN_LOG_INTERVAL_S, InputAudioBuffer, make_input_buffer
+from lipcast.streaming.audio_buffer import UNDERRUN_LOG_INTERVAL_S, InputAudioBuffer, make_input_buffer
 
 RATE = 48_000
 BLOCK = 960  # 20 ms
@@ -112,7 +112,7 @@ def test_underruns_are_logged_with_the_newest_arrival_at_most_once_per_interval(
 ) -> None:
     now = [100.0]
     buf = make_input_buffer(RATE, 40.0, frame_ms=40.0, clock=lambda: now[0], session_id="sess1")
-    caplog.set_level(logging.INFO, logger="streaming.audio_buffer")
+    caplog.set_level(logging.INFO, logger="lipcast.streaming.audio_buffer")
     for i in range(2):
         buf.push(ramp(i * BLOCK), speech=True)
     buf.pull(TICK)

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.engine import RenderEngine
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.avatar_stream import AvatarStream, idle_frame_index
-from streaming.frames import to_yuv420p
-from streaming.resample import DECIMATOR_DELAY_48K
-from streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.engine import RenderEngine
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.avatar_stream import AvatarStream, idle_frame_index
+from lipcast.streaming.frames import to_yuv420p
+from lipcast.streaming.resample import DECIMATOR_DELAY_48K
+from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from tests.fakes import FakeBackend, FakeClock, LevelFeaturizer, speech_pattern, tiny_avatar, to_int16
 
 TICK = 1920

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streaming.codec_warmup import _warm_audio, warm_media_path
-from streaming.encoders import Vp8Settings
+from lipcast.streaming.codec_warmup import _warm_audio, warm_media_path
+from lipcast.streaming.encoders import Vp8Settings
 
 
 def test_the_opus_round_trip_returns_the_audio_it_was_given() -> None:

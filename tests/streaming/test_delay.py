@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streaming.delay import Delayed, DelayLine
+from lipcast.streaming.delay import Delayed, DelayLine
 
 
 def test_delays_samples_positions_and_flags_exactly() -> None:

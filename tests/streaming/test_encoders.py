@@ -15,11 +15,11 @@ from aiortc.codecs.vpx import Vp8Encoder as AiortcVp8Encoder
 from aiortc.codecs.vpx import vp8_depayload
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, load_avatar
-from streaming import rtc
-from streaming.encoders import Vp8Encoder, Vp8Settings
-from streaming.frames import to_yuv420p
-from streaming.memory import keep_frame_buffers_in_heap
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, load_avatar
+from lipcast.streaming import rtc
+from lipcast.streaming.encoders import Vp8Encoder, Vp8Settings
+from lipcast.streaming.frames import to_yuv420p
+from lipcast.streaming.memory import keep_frame_buffers_in_heap
 
 VP8 = RTCRtpCodecParameters(mimeType="video/VP8", clockRate=90000, payloadType=96)
 OPUS = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2, payloadType=111)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from streaming.audio_buffer import InputAudioBuffer, make_input_buffer
-from streaming.jitter import JitterEstimator
+from lipcast.streaming.audio_buffer import InputAudioBuffer, make_input_buffer
+from lipcast.streaming.jitter import JitterEstimator
 
 RATE = 48_000
 BLOCK = 960  # 20 ms

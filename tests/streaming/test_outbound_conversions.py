@@ -7,7 +7,7 @@ import pytest
 from aiortc import rtp
 from av import AudioFrame
 
-from streaming.rtc import AIORTC_AUDIO_LEVEL, _audio_level_dbov, use_fast_audio_level
+from lipcast.streaming.rtc import AIORTC_AUDIO_LEVEL, _audio_level_dbov, use_fast_audio_level
 
 
 @pytest.mark.parametrize("layout, channels", [("mono", 1), ("stereo", 2)])

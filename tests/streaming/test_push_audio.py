@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.push_audio import PushAudio, PushBufferFull
-from streaming.vad import SpeechDetector
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.push_audio import PushAudio, PushBufferFull
+from lipcast.streaming.vad import SpeechDetector
 from tests.fakes import speech_pattern, to_int16
 from tests.streaming.test_avatar_stream import TICK, ManualRenderer, make_stream
 

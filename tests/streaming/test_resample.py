@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streaming.resample import DECIMATOR_DELAY_48K, Decimator, lowpass_taps
+from lipcast.streaming.resample import DECIMATOR_DELAY_48K, Decimator, lowpass_taps
 
 
 def run(decimator: Decimator, x: np.ndarray, chunk: int) -> np.ndarray:

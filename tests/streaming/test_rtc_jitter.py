@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiortc.rtp import RtpPacket
 
-from streaming.rtc import MarkerJitterBuffer, PacketJitterBuffer
+from lipcast.streaming.rtc import MarkerJitterBuffer, PacketJitterBuffer
 
 
 def packet(seq: int, timestamp: int, data: bytes, marker: int = 0) -> RtpPacket:

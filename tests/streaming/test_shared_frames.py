@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from pipeline.backend import RenderedPatch
-from streaming.fanout import Vp8PacketEncoder
-from streaming.frames import KEEP_COMPOSED_FRAMES
-from streaming.tracks import AvatarVideoTrack
+from lipcast.pipeline.backend import RenderedPatch
+from lipcast.streaming.fanout import Vp8PacketEncoder
+from lipcast.streaming.frames import KEEP_COMPOSED_FRAMES
+from lipcast.streaming.tracks import AvatarVideoTrack
 from tests.fakes import speech_pattern, to_int16
 from tests.streaming.test_avatar_stream import ManualRenderer, make_stream
 

@@ -2,7 +2,7 @@
 
 The session's producer runs tick by tick on real audio (syllables with short gaps, pauses between
 utterances), real voice-activity flags and a backend rendering synchronously; every frame is composed as the
-video track composes it (:func:`pipeline.compositing.paste_patch` with the tick's crossfade weight).
+video track composes it (:func:`lipcast.pipeline.compositing.paste_patch` with the tick's crossfade weight).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, Avatar, load_avatar
-from pipeline.backend import RenderedPatch, RenderItem
-from pipeline.builtin import BuiltinBackend
-from pipeline.compositing import paste_patch
-from pipeline.idle import with_idle_motion
-from streaming.audio_buffer import InputAudioBuffer
-from streaming.avatar_stream import CROSSFADE_FRAMES, AvatarStream
-from streaming.clock import FrameTimeline
-from streaming.vad import SpeechDetector
+from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR, Avatar, load_avatar
+from lipcast.pipeline.backend import RenderedPatch, RenderItem
+from lipcast.pipeline.builtin import BuiltinBackend
+from lipcast.pipeline.compositing import paste_patch
+from lipcast.pipeline.idle import with_idle_motion
+from lipcast.streaming.audio_buffer import InputAudioBuffer
+from lipcast.streaming.avatar_stream import CROSSFADE_FRAMES, AvatarStream
+from lipcast.streaming.clock import FrameTimeline
+from lipcast.streaming.vad import SpeechDetector
 from tests.fakes import FakeClock, LevelFeaturizer, speech_pattern, to_int16
 
 TICK_SAMPLES = 1920  # 40 ms at 48 kHz

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streaming.vad import Reblocker, SpeechDetector
+from lipcast.streaming.vad import Reblocker, SpeechDetector
 from tests.fakes import speech_pattern, to_int16
 
 

@@ -1,0 +1,120 @@
+"""One probe call: connect to a lipcast server over WebRTC, send known audio, record what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
+from lipcast.streaming.rtc import encode_audio_on_loop, tune_receiver_latency, use_fast_audio_level
+from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
+
+
+class ProbeError(RuntimeError):
+    """The server refused the call or the connection did not come up."""
+
+
+@dataclass
+class CallRecording:
+    session_id: str
+    avatar: dict[str, Any]
+    source: PatternAudioTrack
+    video: ReceivedVideo
+    audio: ReceivedAudio
+    meta: list[tuple[float, MetaMessage]] = field(default_factory=list)
+    connected_at: float | None = None
+
+    @property
+    def sent(self) -> npt.NDArray[np.int16]:
+        return self.source.audio
+
+
+async def call(
+    base_url: str,
+    audio: npt.NDArray[np.int16],
+    *,
+    avatar: str | None = None,
+    tail_s: float = 1.0,
+    connect_timeout_s: float = 15.0,
+    http: aiohttp.ClientSession | None = None,
+    video_release: str = "aiortc",
+) -> CallRecording:
+    """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer.
+
+    ``video_release``: ``aiortc`` holds each received video frame until the next frame's first packet (40 ms
+    at 25 fps, aiortc's own receiver); ``marker`` releases it on its last packet, as a browser does."""
+    use_fast_audio_level()  # the probe's senders too: it has to drive 40+ calls from a few cores
+    own_http = http is None
+    http = http or aiohttp.ClientSession()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    source = PatternAudioTrack(audio)
+    tasks: list[asyncio.Task[None]] = []
+    connected = asyncio.Event()
+    recording: CallRecording | None = None
+    video, received_audio = ReceivedVideo(), ReceivedAudio()
+    meta: list[tuple[float, MetaMessage]] = []
+    region: list[tuple[int, int, int, int] | None] = [None]
+    try:
+        encode_audio_on_loop(pc.addTrack(source))  # as the server's senders: no thread hop per 20 ms packet
+        pc.addTransceiver("video", direction="recvonly")
+        for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
+            tune_receiver_latency(transceiver.receiver, video=video_release == "marker")
+        channel = pc.createDataChannel(META_CHANNEL_LABEL)
+
+        @channel.on("message")
+        def on_message(message: str | bytes) -> None:
+            if isinstance(message, str):
+                meta.append((time.monotonic(), parse_meta(message)))
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "video":
+                tasks.append(asyncio.create_task(record_video(track, video, region[0])))
+            else:
+                tasks.append(asyncio.create_task(record_audio(track, received_audio)))
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc.connectionState == "connected":
+                connected.set()
+
+        await pc.setLocalDescription(await pc.createOffer())
+        body = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type}
+        if avatar:
+            body["avatar"] = avatar
+        async with http.post(f"{base_url}/offer", json=body) as response:
+            answer = await response.json(content_type=None)
+            if response.status != 200:
+                raise ProbeError(f"offer refused: {response.status} {answer.get('error', answer)}")
+        box = answer["avatar"]["mouth_box"]
+        region[0] = (box[0], box[1], box[2], box[3])
+        recording = CallRecording(answer["session_id"], answer["avatar"], source, video, received_audio, meta)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        try:
+            await asyncio.wait_for(connected.wait(), connect_timeout_s)
+        except TimeoutError as e:
+            raise ProbeError(f"no connection within {connect_timeout_s:g} s") from e
+        recording.connected_at = time.monotonic()
+        await source.done.wait()
+        await asyncio.sleep(tail_s)
+        return recording
+    finally:
+        if recording is not None:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.delete(f"{base_url}/sessions/{recording.session_id}"):
+                    pass
+        await pc.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if own_http:
+            await http.close()
