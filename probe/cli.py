@@ -17,7 +17,8 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from lipcast.probe.client import CallRecording, call
+from lipcast.probe.client import DEFAULT_OPTIONS, CallOptions, CallRecording, call
+from lipcast.probe.impair import DIRECTIONS, Impairment, ImpairmentError, Network
 from lipcast.probe.load import PROBE_LOOP_STALL_MS, HealthPoller, SelfSampler, clients_load, server_load
 from lipcast.probe.patterns import burst_pattern, load_audio
 from lipcast.probe.plot import write_plots
@@ -33,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8080", help="the lipcast server")
     p.add_argument("--wav", type=Path, help="send this audio file instead of the generated bursts")
     p.add_argument("--duration-s", type=float, default=12.0, help="length of the generated pattern")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated pattern")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the generated pattern and of the network impairment"
+    )
     p.add_argument("--avatar", help="avatar name")
     p.add_argument("--sessions", type=int, default=1, help="concurrent sessions (load mode when > 1)")
     p.add_argument("--ramp-s", type=float, default=0.0, help="start the sessions spread over this time")
@@ -50,6 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="aiortc",
         help="when the probe's receiver hands a video frame to its decoder: aiortc's way (at the next frame's"
         " first packet, 40 ms later) or a browser's (on the frame's last packet, the RTP marker bit)",
+    )
+    p.add_argument(
+        "--impair",
+        metavar="SPEC",
+        help="impair the call's RTP in the probe's own transport, e.g."
+        ' "loss=2%%,burst=4,delay=40ms,jitter=30ms,rate=300kbps" (queue=MS: the rate-limited'
+        " link's queue, 300 ms by default); seeded by --seed",
+    )
+    p.add_argument(
+        "--impair-direction",
+        choices=DIRECTIONS,
+        default="up",
+        help="which way --impair applies: up (probe -> server), down (server -> probe) or both",
     )
     p.add_argument(
         "--png",
@@ -79,6 +95,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def call_options(args: argparse.Namespace) -> CallOptions:
+    """How each call of this run is made: the receiver's video release, the network impairment if any."""
+    network = None
+    if args.impair:
+        network = Network(Impairment.parse(args.impair), args.impair_direction, args.seed)
+    return CallOptions(video_release=args.video_release, network=network)
+
+
 async def _record_and_analyse(
     url: str,
     audio: npt.NDArray[np.int16],
@@ -87,7 +111,7 @@ async def _record_and_analyse(
     ramp_s: float,
     avatar: str | None,
     http: aiohttp.ClientSession,
-    video_release: str = "aiortc",
+    options: CallOptions = DEFAULT_OPTIONS,
 ) -> tuple[list[CallReport | BaseException], dict[str, Any]]:
     """Run the calls ``indices`` of ``sessions`` (each starting at its place in the ramp), then analyse
     them: analysis waits until every call here has ended, so it never competes with a live call's media.
@@ -97,7 +121,7 @@ async def _record_and_analyse(
 
     async def one(i: int) -> CallRecording:
         await asyncio.sleep(ramp_s * i / max(1, sessions))
-        return await call(url, audio, avatar=avatar, http=http, video_release=video_release)
+        return await call(url, audio, avatar=avatar, http=http, options=options)
 
     freeze_startup_heap()
     stalls: list[Stall] = []
@@ -131,7 +155,7 @@ async def run_sessions(
     sessions: int,
     ramp_s: float,
     avatar: str | None,
-    video_release: str = "aiortc",
+    options: CallOptions = DEFAULT_OPTIONS,
 ) -> tuple[list[CallReport | BaseException], dict[str, Any], list[dict[str, Any]]]:
     """All calls from this process. Returns the reports, the server's load, this process's CPU."""
     async with aiohttp.ClientSession() as http:
@@ -139,7 +163,7 @@ async def run_sessions(
         poller.start()
         try:
             results, cpu = await _record_and_analyse(
-                url, audio, list(range(sessions)), sessions, ramp_s, avatar, http, video_release
+                url, audio, list(range(sessions)), sessions, ramp_s, avatar, http, options
             )
         finally:
             await poller.stop()
@@ -154,7 +178,7 @@ def _client_process(
     ramp_s: float,
     avatar: str | None,
     ice_addresses: list[str] | None,
-    video_release: str,
+    options: CallOptions,
 ) -> tuple[list[CallReport | str], dict[str, Any]]:
     """One client process of a spread-out load: its share of the calls (picklable results back)."""
     if ice_addresses:
@@ -162,9 +186,7 @@ def _client_process(
 
     async def run() -> tuple[list[CallReport | BaseException], dict[str, Any]]:
         async with aiohttp.ClientSession() as http:
-            return await _record_and_analyse(
-                url, audio, indices, sessions, ramp_s, avatar, http, video_release
-            )
+            return await _record_and_analyse(url, audio, indices, sessions, ramp_s, avatar, http, options)
 
     results, cpu = asyncio.run(run())
     return [r if isinstance(r, CallReport) else f"{type(r).__name__}: {r}" for r in results], cpu
@@ -178,7 +200,7 @@ async def run_spread(
     avatar: str | None,
     processes: int,
     ice_addresses: list[str] | None,
-    video_release: str = "aiortc",
+    options: CallOptions = DEFAULT_OPTIONS,
 ) -> tuple[list[CallReport | BaseException], dict[str, Any], list[dict[str, Any]]]:
     """``run_sessions`` with the clients spread round-robin over ``processes`` processes."""
     import concurrent.futures
@@ -204,7 +226,7 @@ async def run_spread(
                             ramp_s,
                             avatar,
                             ice_addresses,
-                            video_release,
+                            options,
                         )
                         for share in shares
                         if share
@@ -245,6 +267,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.ice_addresses:
         restrict_host_addresses(args.ice_addresses)
+    try:
+        options = call_options(args)
+    except ImpairmentError as e:
+        print(f"lipcast probe: --impair: {e}")
+        return 2
     started = time.time()
     if args.client_processes > 1:
         results, cpu, clients = asyncio.run(
@@ -256,12 +283,12 @@ def main(args: argparse.Namespace) -> int:
                 args.avatar,
                 args.client_processes,
                 args.ice_addresses,
-                args.video_release,
+                options,
             )
         )
     else:
         results, cpu, clients = asyncio.run(
-            run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar, args.video_release)
+            run_sessions(url, audio, args.sessions, args.ramp_s, args.avatar, options)
         )
     reports = [r for r in results if isinstance(r, CallReport)]
     errors = [r for r in results if not isinstance(r, CallReport)]

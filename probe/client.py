@@ -14,6 +14,7 @@ import numpy.typing as npt
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
+from lipcast.probe.impair import ImpairedTransport, Network, impair_peer_connection
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
 from lipcast.streaming.rtc import encode_audio_on_loop, tune_receiver_latency, use_fast_audio_level
 from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
@@ -21,6 +22,19 @@ from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
 
 class ProbeError(RuntimeError):
     """The server refused the call or the connection did not come up."""
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How the probe makes each call (the same for every call of a run)."""
+
+    # aiortc holds each received video frame until the next frame's first packet (40 ms at 25 fps, aiortc's
+    # own receiver); marker releases it on its last packet, as a browser does.
+    video_release: str = "aiortc"
+    network: Network | None = None  # impair this call's RTP in the probe's own transport
+
+
+DEFAULT_OPTIONS = CallOptions()
 
 
 @dataclass
@@ -32,6 +46,7 @@ class CallRecording:
     audio: ReceivedAudio
     meta: list[tuple[float, MetaMessage]] = field(default_factory=list)
     connected_at: float | None = None
+    network: ImpairedTransport | None = None  # what the impairment did, if the call was impaired
 
     @property
     def sent(self) -> npt.NDArray[np.int16]:
@@ -46,12 +61,9 @@ async def call(
     tail_s: float = 1.0,
     connect_timeout_s: float = 15.0,
     http: aiohttp.ClientSession | None = None,
-    video_release: str = "aiortc",
+    options: CallOptions = DEFAULT_OPTIONS,
 ) -> CallRecording:
-    """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer.
-
-    ``video_release``: ``aiortc`` holds each received video frame until the next frame's first packet (40 ms
-    at 25 fps, aiortc's own receiver); ``marker`` releases it on its last packet, as a browser does."""
+    """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer."""
     use_fast_audio_level()  # the probe's senders too: it has to drive 40+ calls from a few cores
     own_http = http is None
     http = http or aiohttp.ClientSession()
@@ -67,7 +79,7 @@ async def call(
         encode_audio_on_loop(pc.addTrack(source))  # as the server's senders: no thread hop per 20 ms packet
         pc.addTransceiver("video", direction="recvonly")
         for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
-            tune_receiver_latency(transceiver.receiver, video=video_release == "marker")
+            tune_receiver_latency(transceiver.receiver, video=options.video_release == "marker")
         channel = pc.createDataChannel(META_CHANNEL_LABEL)
 
         @channel.on("message")
@@ -99,6 +111,9 @@ async def call(
         region[0] = (box[0], box[1], box[2], box[3])
         recording = CallRecording(answer["session_id"], answer["avatar"], source, video, received_audio, meta)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        if options.network is not None:
+            net = options.network
+            recording.network = impair_peer_connection(pc, net.impairment, net.direction, net.seed)
         try:
             await asyncio.wait_for(connected.wait(), connect_timeout_s)
         except TimeoutError as e:
@@ -113,6 +128,8 @@ async def call(
                 async with http.delete(f"{base_url}/sessions/{recording.session_id}"):
                     pass
         await pc.close()
+        if recording is not None and recording.network is not None:
+            recording.network.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -65,6 +65,7 @@ class CallReport:
     started_at: float = 0.0  # first frame's arrival (monotonic s)
     sent_started_at: float = 0.0  # when the first audio packet left
     frame_arrivals: list[float] = field(default_factory=list)
+    network: dict[str, dict[str, float | int]] = field(default_factory=dict)  # impairment, per direction
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -181,6 +182,7 @@ def analyse(recording: CallRecording) -> CallReport:
         started_at=float(arrivals[0]) if len(arrivals) else 0.0,
         sent_started_at=recording.source.sent_at[0] if recording.source.sent_at else 0.0,
         frame_arrivals=[float(a) for a in arrivals],
+        network=recording.network.stats_json() if recording.network is not None else {},
     )
 
 

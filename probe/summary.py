@@ -84,7 +84,21 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "metadata_compared": len(frame_pairs),
         "late_from_sessions": knee.get("late_from_sessions"),
         "stages_ms": stage_breakdown(reports),
+        "network": network_totals(reports),
     }
+
+
+def network_totals(reports: list[CallReport]) -> dict[str, dict[str, float]]:
+    """What the probe's impairment did, per direction, summed over the sessions (empty: not impaired)."""
+    out: dict[str, dict[str, float]] = {}
+    for report in reports:
+        for direction, stats in report.network.items():
+            total = out.setdefault(direction, {})
+            for key, value in stats.items():
+                total[key] = (
+                    max(total.get(key, 0.0), value) if key.startswith("max_") else total.get(key, 0) + value
+                )
+    return out
 
 
 def stage_breakdown(reports: list[CallReport]) -> dict[str, dict[str, float]]:
@@ -117,6 +131,20 @@ def format_stages(stages: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def format_network(network: dict[str, dict[str, float]]) -> list[str]:
+    lines = []
+    for direction, t in network.items():
+        packets = int(t.get("packets", 0))
+        dropped = int(t.get("lost", 0) + t.get("queue_drops", 0))
+        share = dropped / max(1, packets)
+        lines.append(
+            f"  impaired {direction}: {packets} RTP packets, {dropped} dropped ({share:.1%};"
+            f" {int(t.get('queue_drops', 0))} by the rate limit), {int(t.get('reordered', 0))} reordered,"
+            f" queue max {t.get('max_queue_ms', 0.0):.0f} ms"
+        )
+    return lines
+
+
 def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
     def row(name: str, p: dict[str, float]) -> str:
         cells = "".join(f"{p.get(k, float('nan')):>10.1f}" for k in ("p50", "p95", "p99"))
@@ -134,6 +162,7 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
         *format_stages(s.get("stages_ms") or {}),
+        *format_network(s.get("network") or {}),
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"
         f" frame on {s['metadata_agreement_within_1_frame']}/{s['metadata_compared']}",
     ]

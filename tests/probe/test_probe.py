@@ -9,7 +9,7 @@ import pytest
 
 from lipcast.probe import plot, report
 from lipcast.probe import summary as probe_summary
-from lipcast.probe.client import call
+from lipcast.probe.client import CallOptions, call
 from lipcast.probe.patterns import burst_pattern
 from lipcast.server.app import create_app
 from lipcast.server.config import Settings
@@ -22,7 +22,9 @@ async def test_probe_figures_agree_with_the_metadata(aiohttp_client, tmp_path, v
     client = await aiohttp_client(create_app(Settings()))
     url = str(client.make_url("")).rstrip("/")
     sent = burst_pattern(7.0, seed=3)
-    recording = await call(url, sent, tail_s=0.8, http=client.session, video_release=video_release)
+    recording = await call(
+        url, sent, tail_s=0.8, http=client.session, options=CallOptions(video_release=video_release)
+    )
     result = report.analyse(recording)
 
     assert len(result.bursts) >= 3

@@ -1,0 +1,277 @@
+"""Network impairment inside the probe's own transport: RTP lost, delayed, reordered and rate-limited.
+
+This box has no netem and tests run unprivileged, so the probe impairs its peer connection in user space:
+the datagrams its ICE transport sends (``up``: probe -> server) or receives (``down``: server -> probe) pass
+through an :class:`ImpairedPath` first. Only SRTP media packets are impaired (RFC 7983's first byte 128-191,
+RTCP excluded): STUN, DTLS, the data channel and RTCP pass untouched, so the call still connects and its
+feedback still flows, and what is measured is what media loss and jitter do.
+
+A path applies, in this order:
+
+* **loss** -- a Gilbert-Elliott channel: bursts of ``burst`` packets on average, ``loss`` of all packets
+  lost in the long run (``burst=1`` is independent random loss);
+* **rate** -- a link of ``rate_kbps`` with a drop-tail queue of ``queue_ms``: a packet waits for the link,
+  and one that would wait longer is dropped;
+* **delay and jitter** -- each packet is held ``delay_ms`` plus a uniform draw in ``+- jitter_ms``
+  (never below zero), independently, so packets overtake one another when the jitter exceeds their spacing.
+
+Every draw comes from one ``random.Random(seed)`` per path: the same seed and the same packets give the same
+fate, packet for packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DIRECTIONS = ("up", "down", "both")
+DEFAULT_QUEUE_MS = 300.0
+_FIELD = re.compile(r"^\s*([a-z]+)\s*=\s*([0-9.]+)\s*([a-z%]*)\s*$")
+_UNITS = {
+    "loss": {"%": 0.01, "": 1.0},
+    "burst": {"": 1.0},
+    "delay": {"ms": 1.0, "s": 1000.0, "": 1.0},
+    "jitter": {"ms": 1.0, "s": 1000.0, "": 1.0},
+    "rate": {"kbps": 1.0, "mbps": 1000.0, "": 1.0},
+    "queue": {"ms": 1.0, "s": 1000.0, "": 1.0},
+}
+
+
+class ImpairmentError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Impairment:
+    loss: float = 0.0  # long-run share of media packets lost, 0..1
+    burst: float = 1.0  # mean length of a loss burst, packets (>= 1)
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0  # each packet's delay is delay_ms + uniform(-jitter_ms, +jitter_ms), >= 0
+    rate_kbps: float | None = None  # None: no rate limit
+    queue_ms: float = DEFAULT_QUEUE_MS  # the rate-limited link's queue, in time at that rate
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.loss < 1.0:
+            raise ImpairmentError("loss must be in 0..100 %")
+        if self.burst < 1.0:
+            raise ImpairmentError("burst must be at least 1 packet")
+        if self.delay_ms < 0 or self.jitter_ms < 0 or self.queue_ms < 0:
+            raise ImpairmentError("delay, jitter and queue must be >= 0")
+        if self.rate_kbps is not None and self.rate_kbps <= 0:
+            raise ImpairmentError("rate must be > 0")
+
+    @classmethod
+    def parse(cls, text: str) -> Impairment:
+        """``"loss=2%,burst=4,delay=40ms,jitter=30ms,rate=300kbps,queue=200ms"``; any subset, any order."""
+        values: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            match = _FIELD.match(part.lower())
+            if match is None or match.group(1) not in _UNITS:
+                raise ImpairmentError(f"cannot read {part!r}: expected one of {', '.join(_UNITS)}=VALUE")
+            name, number, unit = match.groups()
+            scale = _UNITS[name].get(unit)
+            if scale is None:
+                raise ImpairmentError(f"{name} takes {' or '.join(u or 'no unit' for u in _UNITS[name])}")
+            key = {"delay": "delay_ms", "jitter": "jitter_ms", "rate": "rate_kbps", "queue": "queue_ms"}.get(
+                name, name
+            )
+            values[key] = float(number) * scale
+        return cls(**values)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.loss or self.delay_ms or self.jitter_ms or self.rate_kbps)
+
+
+@dataclass(frozen=True)
+class Network:
+    """The impairment of a run's calls (picklable: the probe's client processes get it too)."""
+
+    impairment: Impairment
+    direction: str = "up"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ImpairmentError(f"direction must be one of {', '.join(DIRECTIONS)}")
+
+
+@dataclass
+class PathStats:
+    packets: int = 0  # media packets that entered the path
+    lost: int = 0  # by the loss model
+    queue_drops: int = 0  # by the rate-limited link's full queue
+    delivered: int = 0
+    reordered: int = 0  # delivered after a packet that entered the path later
+    max_queue_ms: float = 0.0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {**vars(self), "max_queue_ms": round(self.max_queue_ms, 1)}
+
+
+class GilbertElliott:
+    """Two states: good (nothing lost) and bad (everything lost); leaving bad has probability 1 / burst."""
+
+    def __init__(self, loss: float, burst: float, rng: random.Random) -> None:
+        self.rng = rng
+        self.leave_bad = 1.0 / burst
+        # stationary share of bad = enter / (enter + leave) = loss
+        self.enter_bad = loss * self.leave_bad / (1.0 - loss) if loss else 0.0
+        self.bad = False
+
+    def lost(self) -> bool:
+        if self.bad:
+            self.bad = self.rng.random() >= self.leave_bad
+        else:
+            self.bad = self.rng.random() < self.enter_bad
+        return self.bad
+
+
+def is_media(datagram: bytes) -> bool:
+    """An SRTP packet (not SRTCP): RFC 7983 demultiplexing, then RTCP's payload types 192-223."""
+    return len(datagram) >= 2 and 127 < datagram[0] < 192 and not 192 <= datagram[1] <= 223
+
+
+@dataclass
+class ImpairedPath:
+    """One direction: :meth:`push` a media datagram; ``deliver`` gets it later, or never."""
+
+    impairment: Impairment
+    deliver: Callable[[bytes], Awaitable[None] | None]
+    seed: int = 0
+    clock: Callable[[], float] | None = None  # seconds; the running loop's time if None
+    stats: PathStats = field(default_factory=PathStats)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.loss = GilbertElliott(self.impairment.loss, self.impairment.burst, self.rng)
+        self._link_free_at = 0.0
+        self._entered = 0
+        self._newest_delivered = -1
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _now(self) -> float:
+        return self.clock() if self.clock else asyncio.get_running_loop().time()
+
+    def fate(self, size_bytes: int, now: float) -> float | None:
+        """When a packet entering now leaves the path (seconds, on the path's clock), or None: dropped."""
+        imp = self.impairment
+        self.stats.packets += 1
+        if self.loss.lost():
+            self.stats.lost += 1
+            return None
+        leaves = now
+        if imp.rate_kbps is not None:
+            start = max(now, self._link_free_at)
+            wait_ms = (start - now) * 1000.0
+            if wait_ms > imp.queue_ms:
+                self.stats.queue_drops += 1
+                return None
+            self.stats.max_queue_ms = max(self.stats.max_queue_ms, wait_ms)
+            self._link_free_at = start + size_bytes * 8 / (imp.rate_kbps * 1000.0)
+            leaves = self._link_free_at
+        delay_ms = imp.delay_ms
+        if imp.jitter_ms:
+            delay_ms = max(0.0, delay_ms + self.rng.uniform(-imp.jitter_ms, imp.jitter_ms))
+        return leaves + delay_ms / 1000.0
+
+    def push(self, datagram: bytes) -> None:
+        now = self._now()
+        leaves = self.fate(len(datagram), now)
+        if leaves is None:
+            return
+        order = self._entered
+        self._entered += 1
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time() + max(0.0, leaves - now), self._release, datagram, order)
+
+    def _release(self, datagram: bytes, order: int) -> None:
+        self.stats.delivered += 1
+        if order < self._newest_delivered:
+            self.stats.reordered += 1
+        self._newest_delivered = max(self._newest_delivered, order)
+        result = self.deliver(datagram)
+        if result is not None:
+            task = asyncio.ensure_future(result)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
+class ImpairedTransport:
+    """Impairs one aiortc ``RTCIceTransport`` by replacing its ``_send`` / ``_recv`` (what DTLS calls)."""
+
+    def __init__(self, transport: Any, impairment: Impairment, direction: str, seed: int) -> None:
+        if direction not in DIRECTIONS:
+            raise ImpairmentError(f"direction must be one of {', '.join(DIRECTIONS)}")
+        self.up: ImpairedPath | None = None
+        self.down: ImpairedPath | None = None
+        send: Callable[[bytes], Awaitable[None]] = transport._send
+        recv: Callable[[], Awaitable[bytes]] = transport._recv
+        if direction in ("up", "both"):
+            up = self.up = ImpairedPath(impairment, send, seed=seed)
+
+            async def impaired_send(data: bytes) -> None:
+                if is_media(data):
+                    up.push(data)
+                else:
+                    await send(data)
+
+            transport._send = impaired_send
+        if direction in ("down", "both"):
+            inbox: asyncio.Queue[bytes | Exception] = asyncio.Queue()
+            down = self.down = ImpairedPath(impairment, inbox.put_nowait, seed=seed + 1)
+
+            async def pump() -> None:
+                while True:
+                    try:
+                        data = await recv()
+                    except Exception as e:  # handed to the reader, as recv itself would raise it
+                        inbox.put_nowait(e)
+                        return
+                    if is_media(data):
+                        down.push(data)
+                    else:
+                        inbox.put_nowait(data)
+
+            async def impaired_recv() -> bytes:
+                item = await inbox.get()
+                if isinstance(item, Exception):
+                    inbox.put_nowait(item)  # every later reader sees the end too
+                    raise item
+                return item
+
+            self._pump: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(pump())
+            transport._recv = impaired_recv
+        else:
+            self._pump = None
+
+    def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+
+    def stats_json(self) -> dict[str, dict[str, float | int]]:
+        out = {}
+        if self.up is not None:
+            out["up"] = self.up.stats.to_json()
+        if self.down is not None:
+            out["down"] = self.down.stats.to_json()
+        return out
+
+
+def impair_peer_connection(pc: Any, impairment: Impairment, direction: str, seed: int) -> ImpairedTransport:
+    """Impair ``pc``'s ICE transport (the one every track and the data channel share once bundled).
+
+    Call it after ``setRemoteDescription`` (the answer decides the bundle) and before the connection carries
+    media: ICE checks and the DTLS handshake come first (and pass untouched)."""
+    transports = {
+        id(t.sender.transport.transport): t.sender.transport.transport for t in pc.getTransceivers()
+    }
+    if pc.sctp is not None:
+        transports.setdefault(id(pc.sctp.transport.transport), pc.sctp.transport.transport)
+    if len(transports) != 1:
+        raise ImpairmentError(f"expected one bundled transport, found {len(transports)}")
+    return ImpairedTransport(next(iter(transports.values())), impairment, direction, seed)
