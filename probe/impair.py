@@ -209,6 +209,7 @@ class ImpairedTransport:
             raise ImpairmentError(f"direction must be one of {', '.join(DIRECTIONS)}")
         self.up: ImpairedPath | None = None
         self.down: ImpairedPath | None = None
+        self._pump: asyncio.Task[None] | None = None
         send: Callable[[bytes], Awaitable[None]] = transport._send
         recv: Callable[[], Awaitable[bytes]] = transport._recv
         if direction in ("up", "both"):
@@ -238,16 +239,15 @@ class ImpairedTransport:
                         inbox.put_nowait(data)
 
             async def impaired_recv() -> bytes:
+                if self._pump is None:  # started by the first read: ICE refuses reads until it connects
+                    self._pump = asyncio.get_running_loop().create_task(pump())
                 item = await inbox.get()
                 if isinstance(item, Exception):
                     inbox.put_nowait(item)  # every later reader sees the end too
                     raise item
                 return item
 
-            self._pump: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(pump())
             transport._recv = impaired_recv
-        else:
-            self._pump = None
 
     def close(self) -> None:
         if self._pump is not None:

@@ -46,6 +46,11 @@ class RuntimeCollector(Collector):
             "audio_underruns": "Ticks that found the inbound audio buffer dry (silence was sent)",
             "audio_trimmed_samples": "Inbound 48 kHz samples of silence removed to bring latency back down",
             "audio_overflow_samples": "Inbound 48 kHz samples dropped above the buffer's hard bound",
+            "audio_packets_lost": "Inbound audio packets given up on and concealed",
+            "audio_concealed_samples": "Inbound 48 kHz samples made up for lost packets (FEC or PLC)",
+            "audio_fec_recovered": "Lost inbound audio packets rebuilt from the next packet's in-band FEC",
+            "audio_packets_late": "Inbound audio packets dropped: arrived after their slot was concealed",
+            "audio_packets_reordered": "Inbound audio packets that arrived after a later one, in time",
             "push_bytes_in": "PCM16 bytes queued by push sessions",
             "push_bytes_refused": "PCM16 bytes refused by push sessions (buffer full; the sender was told)",
             "interrupts": "Interrupts (barge-in) of push sessions",
@@ -55,6 +60,12 @@ class RuntimeCollector(Collector):
         depths = [s.buffer.depth_ms for s in sessions.sessions.values()]
         yield _gauge(
             "lipcast_input_buffer_depth_max_ms", "Deepest inbound audio buffer now", max(depths, default=0)
+        )
+        targets = [s.buffer.target_ms for s in sessions.sessions.values()]
+        yield _gauge(
+            "lipcast_input_buffer_target_max_ms",
+            "Highest inbound audio buffer target now (follows the network's jitter)",
+            max(targets, default=0),
         )
         engine = runtime.engine.stats
         yield _counter("lipcast_engine_batches", "Batches rendered", engine.batches)

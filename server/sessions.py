@@ -39,6 +39,15 @@ from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 
+# The inbound packet stage's counters in counters() (lipcast.streaming.playout)
+PLAYOUT_COUNTERS = (
+    "audio_packets_lost",
+    "audio_concealed_samples",
+    "audio_fec_recovered",
+    "audio_packets_late",
+    "audio_packets_reordered",
+)
+
 SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
 # (push sessions, server/push.py, have signalling "push" and no negotiated peer connection)
 
@@ -100,6 +109,20 @@ class Session(PeerEndpoint):
             "audio_underruns": buffer.underruns,
             "audio_trimmed_samples": buffer.trimmed_samples,
             "audio_overflow_samples": buffer.overflow_samples,
+            **self._playout_counters(),
+        }
+
+    def _playout_counters(self) -> dict[str, int]:
+        playout = self.ingest.playout if self.ingest is not None else None
+        if playout is None:
+            return dict.fromkeys(PLAYOUT_COUNTERS, 0)
+        stats = playout.stats
+        return {
+            "audio_packets_lost": stats.lost,
+            "audio_concealed_samples": stats.concealed_samples,
+            "audio_fec_recovered": stats.fec_recovered,
+            "audio_packets_late": stats.late,
+            "audio_packets_reordered": stats.reordered,
         }
 
     def on_track(self, track: MediaStreamTrack) -> None:
@@ -124,6 +147,8 @@ class Session(PeerEndpoint):
             self.close_after("limit", max_session_s, f"session time limit of {max_session_s:g} s reached")
 
     def _frame_sent(self, meta: FrameMeta) -> None:
+        if self.ingest is not None:
+            meta.rx = self.ingest.receive_counters()
         if self.manager.frame_observer is not None:
             self.manager.frame_observer(meta, self.buffer.depth_ms)
         self.send_meta(meta)
@@ -341,8 +366,12 @@ class SessionManager:
             outgoing = self._whip_outgoing(session, summary)
         else:
             outgoing = [session.audio, session.video]
+        ingest = session.ingest
         for transceiver in pc.getTransceivers():
-            tune_receiver_latency(transceiver.receiver)
+            receiver = transceiver.receiver
+            if ingest is not None and receiver.track is ingest.track and ingest.attach(receiver):
+                continue  # the caller's voice: packets to lipcast's playout (loss, jitter, concealment)
+            tune_receiver_latency(receiver)
         for track in outgoing:
             encode_audio_on_loop(pc.addTrack(track))
         if session.signalling == "whip":

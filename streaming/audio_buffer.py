@@ -128,6 +128,8 @@ class InputAudioBuffer:
         self._last_arrival_s: float | None = None
         self._underruns_logged_s: float | None = None  # when the last underrun line was written
         self._underruns_unlogged = 0
+        # Asked, before a tick is declared dry, to supply this many samples if it can (lost audio concealed).
+        self.refill: Callable[[int], None] | None = None
 
     @property
     def target_samples(self) -> int:
@@ -156,15 +158,38 @@ class InputAudioBuffer:
     def depth_ms(self) -> float:
         return self._depth * 1000.0 / self.sample_rate_hz
 
-    def push(self, samples: Int16Array, speech: bool) -> None:
-        """Append a block of the client's audio (in arrival order)."""
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock arrivals are on (seconds)."""
+        return self._clock
+
+    @property
+    def stream_position(self) -> int:
+        """Where the next pushed sample sits in the caller's stream (samples pushed so far)."""
+        return self._next_input_pos
+
+    def observe_late(self, arrived_s: float, position: int) -> None:
+        """Audio at ``position`` came at ``arrived_s``, too late to play: the jitter estimate counts it."""
+        if self.jitter is not None:
+            self.jitter.observe(arrived_s, position / self.sample_rate_hz)
+
+    def push(
+        self, samples: Int16Array, speech: bool, *, arrived_s: float | None = None, concealed: bool = False
+    ) -> None:
+        """Append a block of the client's audio (in stream order).
+
+        ``arrived_s``: when its packet arrived, on :attr:`clock` (None: now); a packet held back behind a
+        missing one is pushed later than it arrived. ``concealed``: audio made up for a lost packet, which
+        says nothing of the network's timing, so it does not feed the jitter estimate (loss is not jitter).
+        """
         if len(samples) == 0:
             return
-        if self.jitter is not None:
+        now = self._clock() if arrived_s is None else arrived_s
+        if self.jitter is not None and not concealed:
             position_s = self._next_input_pos / self.sample_rate_hz
-            self.jitter.observe(self._clock(), position_s)
-        self._last_arrival_s = self._clock()
-        self._blocks.append(_Block(samples, speech, self._next_input_pos, self._last_arrival_s))
+            self.jitter.observe(now, position_s)
+        self._last_arrival_s = now
+        self._blocks.append(_Block(samples, speech, self._next_input_pos, now))
         self._next_input_pos += len(samples)
         self._depth += len(samples)
         self.stats.pushed_samples += len(samples)
@@ -205,6 +230,8 @@ class InputAudioBuffer:
                 self._primed = self._ever_primed = True
             else:
                 return Pulled(np.zeros(count, np.int16), False, None, underrun=False)
+        if self._depth < count and self.refill is not None:
+            self.refill(count - self._depth)
         if self._depth < count:
             self._primed = False
             self.stats.underruns += 1

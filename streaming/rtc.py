@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 AUDIO_JITTER_CAPACITY_PACKETS = 16  # aiortc's own value (a power of two)
 VIDEO_JITTER_CAPACITY_PACKETS = 512  # aiortc's own value
-_ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
+JITTER_BUFFER_ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
 MAX_SAMPLE_VALUE = 32767  # RFC 6465's full scale, as aiortc
 MIN_AUDIO_LEVEL_DBOV = -127
 AIORTC_AUDIO_LEVEL = aiortc.rtp.compute_audio_level_dbov  # aiortc's own, kept as the reference
@@ -90,10 +90,12 @@ def tune_receiver_latency(receiver: RTCRtpReceiver, *, video: bool = False) -> b
     kind = getattr(receiver, "_RTCRtpReceiver__kind", None)
     if kind not in ("audio", "video") or (kind == "video" and not video):
         return False
-    if not isinstance(getattr(receiver, _ATTRIBUTE, None), JitterBuffer):
+    if not isinstance(getattr(receiver, JITTER_BUFFER_ATTRIBUTE, None), JitterBuffer):
         logger.warning("aiortc internals changed: %s receive latency not tuned", kind)
         return False
-    setattr(receiver, _ATTRIBUTE, PacketJitterBuffer() if kind == "audio" else MarkerJitterBuffer())
+    setattr(
+        receiver, JITTER_BUFFER_ATTRIBUTE, PacketJitterBuffer() if kind == "audio" else MarkerJitterBuffer()
+    )
     return True
 
 

@@ -53,6 +53,11 @@ class Reblocker:
         self._rest = data[whole:].copy()
         return [data[i : i + self.block_samples] for i in range(0, whole, self.block_samples)]
 
+    @property
+    def pending(self) -> int:
+        """Samples held short of a whole block."""
+        return len(self._rest)
+
     def take_rest(self) -> npt.NDArray[np.int16]:
         """The samples short of a whole block, removed (a flush, or an interrupt that forgets them)."""
         rest, self._rest = self._rest, np.zeros(0, np.int16)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 from lipcast.pipeline.avatar import Avatar
 
@@ -40,9 +40,10 @@ class FrameMeta:
     mouth: list[float]
     late: bool
     stages_ms: dict[str, float] = field(default_factory=dict)
+    rx: dict[str, float] | None = None  # the caller's inbound audio so far (MetaMessage.rx)
 
     def to_json(self) -> MetaMessage:
-        return {
+        message: MetaMessage = {
             "frame": self.frame,
             "avatar_frame": self.avatar_frame,
             "audio_ms": self.input_pos_ms,
@@ -52,6 +53,9 @@ class FrameMeta:
             "late": self.late,
             "stages_ms": self.stages_ms,
         }
+        if self.rx is not None:
+            message["rx"] = self.rx
+        return message
 
     def encode(self) -> str:
         """The channel's text message."""
@@ -69,6 +73,9 @@ class MetaMessage(TypedDict):
     mouth: list[float]  # the mouth's opening features the frame was rendered from
     late: bool  # the render missed its budget: the previous picture was repeated
     stages_ms: dict[str, float]  # per-stage timings of this frame
+    # A caller's inbound audio so far: packets lost (concealed), concealed_ms, fec (lost packets rebuilt from
+    # in-band FEC), late (dropped: arrived after their slot), reordered, and the jitter buffer's target_ms.
+    rx: NotRequired[dict[str, float]]
 
 
 def parse_meta(message: str) -> MetaMessage:
