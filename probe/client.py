@@ -16,7 +16,12 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from lipcast.probe.impair import ImpairedTransport, Network, impair_peer_connection
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
-from lipcast.streaming.rtc import encode_audio_on_loop, tune_receiver_latency, use_fast_audio_level
+from lipcast.streaming.rtc import (
+    encode_audio_on_loop,
+    tune_receiver_latency,
+    use_fast_audio_level,
+    use_opus_fec,
+)
 from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
 
 
@@ -65,6 +70,7 @@ async def call(
 ) -> CallRecording:
     """Run one call: send ``audio`` (48 kHz mono int16) in real time, keep receiving ``tail_s`` longer."""
     use_fast_audio_level()  # the probe's senders too: it has to drive 40+ calls from a few cores
+    use_opus_fec()  # as a browser does when the answer has useinbandfec=1 (lipcast's does)
     own_http = http is None
     http = http or aiohttp.ClientSession()
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

@@ -22,6 +22,7 @@ fate, packet for packet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -213,7 +214,11 @@ class ImpairedTransport:
         send: Callable[[bytes], Awaitable[None]] = transport._send
         recv: Callable[[], Awaitable[bytes]] = transport._recv
         if direction in ("up", "both"):
-            up = self.up = ImpairedPath(impairment, send, seed=seed)
+            async def send_later(data: bytes) -> None:
+                with contextlib.suppress(ConnectionError):  # the call ended while it was in flight
+                    await send(data)
+
+            up = self.up = ImpairedPath(impairment, send_later, seed=seed)
 
             async def impaired_send(data: bytes) -> None:
                 if is_media(data):

@@ -14,7 +14,8 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   removed only where the voice-activity detector marked *silence*, whole 20 ms blocks at a time, so latency
   returns to the target at the next pause without cutting speech (*trimmed* audio).
 * Adaptive only: depth counts whole blocks, but whether a tick finds its audio is a matter of time. Each
-  pull records its *margin*: how long ago the block that completes the tick's audio arrived. Once a window
+  pull records its *margin*: how long ago the block that completes the tick's audio arrived (concealed audio
+  counts as arriving when the packet after it would have on time: its FEC comes with that one). Once a window
   of :data:`TRIM_WINDOW_PULLS` (5 s) pulls is recorded, the silent head blocks that fit in its smallest
   margin less a guard (:data:`TRIM_GUARD_MS`, plus what the jitter estimate still holds from an underrun or
   an older spike) are dropped, as many whole blocks as fit (none if the head is speech). The window's
@@ -23,6 +24,8 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (1 s): a call's first audio often arrives bunched and
   primes playout blocks deeper than it needs, and that excess goes in one trim (dropping one block per
   window, as before, kept the second spare block for 5 s more).
+* A tick that would find the buffer short first asks :attr:`InputAudioBuffer.refill` (the packet stage)
+  for the missing audio, which conceals a lost packet then rather than let playout run dry.
 * Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
   holds (*overflow*), so latency can never grow without bound. Each case is counted.
 
@@ -63,6 +66,7 @@ class _Block:
     speech: bool
     input_pos: int  # position of samples[0] in the client's stream, in samples
     arrived_s: float = 0.0  # on the buffer's clock
+    concealed: bool = False  # made up for lost audio: its arrival says nothing of the network
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class InputAudioBuffer:
         self._last_arrival_s: float | None = None
         self._underruns_logged_s: float | None = None  # when the last underrun line was written
         self._underruns_unlogged = 0
+        self._last_real: tuple[float, int] | None = None  # the newest block that arrived: (when, position)
         # Asked, before a tick is declared dry, to supply this many samples if it can (lost audio concealed).
         self.refill: Callable[[int], None] | None = None
 
@@ -185,11 +190,17 @@ class InputAudioBuffer:
         if len(samples) == 0:
             return
         now = self._clock() if arrived_s is None else arrived_s
+        if concealed and self._last_real is not None:
+            # When the audio of a lost packet can be had: the next packet (its FEC) on time, one block late.
+            last_s, last_pos = self._last_real
+            now = last_s + (self._next_input_pos - last_pos + len(samples)) / self.sample_rate_hz
         if self.jitter is not None and not concealed:
             position_s = self._next_input_pos / self.sample_rate_hz
             self.jitter.observe(now, position_s)
+        if not concealed:
+            self._last_real = (now, self._next_input_pos)
         self._last_arrival_s = now
-        self._blocks.append(_Block(samples, speech, self._next_input_pos, now))
+        self._blocks.append(_Block(samples, speech, self._next_input_pos, now, concealed))
         self._next_input_pos += len(samples)
         self._depth += len(samples)
         self.stats.pushed_samples += len(samples)

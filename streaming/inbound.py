@@ -127,8 +127,11 @@ class AudioIngest:
         return True
 
     def _late(self, timestamp: int, arrived_s: float) -> None:
-        if self._origin is not None:
-            self.buffer.observe_late(arrived_s, (timestamp - self._origin) % (1 << 32))
+        if self._origin is None:
+            return
+        position = (timestamp - self._origin) % (1 << 32)
+        if position < 1 << 31:  # not from before the first packet played (a reordered start)
+            self.buffer.observe_late(arrived_s, position)
 
     def accept(self, audio: Released) -> None:
         """Audio from the playout, in stream order: whole 20 ms blocks to the buffer, with speech flags."""

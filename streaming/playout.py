@@ -42,7 +42,8 @@ from lipcast.streaming.opus import OpusDecoder, has_lbrr
 Int16Array = npt.NDArray[np.int16]
 MIN_WAIT_MS = 10.0  # a missing packet is always waited for this long (a reordering by one packet)
 MAX_WAIT_MS = 120.0  # and never longer than this, whatever the jitter estimate says
-MAX_CONCEAL_MS = 200.0  # a longer hole (the sender paused, or a long outage) is skipped, not filled
+MAX_PLC_MS = 200.0  # a longer run of lost packets goes on as silence (libopus's PLC fades out anyway)
+MAX_FILL_MS = 2000.0  # a longer hole (an outage) is skipped, not filled: the timeline starts over
 ACTIVE_STREAM_MS = 200.0  # a packet this recent means the caller is sending: a shortfall is loss, conceal it
 DEFAULT_PACKET_SAMPLES = MEDIA_SAMPLE_RATE_HZ // 50  # 20 ms, until a packet says otherwise
 SEQUENCE_RESET = 3000  # a jump this far (or a step back this far) is a new stream, not loss
@@ -57,7 +58,7 @@ class PlayoutStats:
     late: int = 0  # arrived after their slot was concealed (dropped)
     reordered: int = 0  # arrived after a packet sent later, in time to be played
     duplicates: int = 0
-    skipped_samples: int = 0  # holes longer than MAX_CONCEAL_MS, left out
+    skipped_samples: int = 0  # holes longer than MAX_FILL_MS, left out
 
     def to_json(self) -> dict[str, int]:
         return dict(vars(self))
@@ -69,7 +70,7 @@ class Released:
 
     samples: Int16Array
     arrived_s: float | None
-    kind: str  # "decoded", "fec", "plc"
+    kind: str  # "decoded", "fec", "plc", "silence" (a long run of losses)
     timestamp: int | None = None  # RTP timestamp of its first sample, when known
 
 
@@ -201,17 +202,21 @@ class PacketPlayout:
             hole = hole if hole < 1 << 31 else 0  # behind: nothing to fill
         out: list[Released] = []
         self.stats.lost += missing_packets
-        if hole > MAX_CONCEAL_MS * MEDIA_SAMPLE_RATE_HZ / 1000:
+        if hole > MAX_FILL_MS * MEDIA_SAMPLE_RATE_HZ / 1000:
             self.stats.skipped_samples += hole
         elif hole:
             per_packet = hole // max(1, missing_packets)
+            plc_left = int(MAX_PLC_MS * MEDIA_SAMPLE_RATE_HZ / 1000)
             for k in range(missing_packets):
                 count = per_packet if k < missing_packets - 1 else hole - per_packet * (missing_packets - 1)
                 if k == missing_packets - 1 and has_lbrr(present.payload):
                     samples, kind = self.decoder.recover(present.payload, count), "fec"
                     self.stats.fec_recovered += 1
-                else:
+                elif plc_left > 0:
                     samples, kind = self.decoder.conceal(count), "plc"
+                    plc_left -= len(samples)
+                else:
+                    samples, kind = np.zeros(count, np.int16), "silence"
                 self.stats.concealed_samples += len(samples)
                 out.append(Released(samples, None, kind))
         self._next = first

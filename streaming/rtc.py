@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import aioice.ice
+import aiortc.codecs
 import aiortc.rtcrtpsender
 import aiortc.rtp
 import numpy as np
@@ -156,12 +157,37 @@ def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
         encoder = Vp8Encoder(_vp8_settings)
     else:
         encoder = original(codec)
+    if mime == "audio/opus" and _opus_fec_loss_percent is not None:
+        _with_fec(encoder, _opus_fec_loss_percent)
     if _timing_encoders:
         encoder = _TimedEncoder(encoder, "audio" if mime.startswith("audio/") else "video")
     return encoder
 
 
 _timing_encoders = False
+_opus_fec_loss_percent: int | None = None  # None: aiortc's Opus encoder as it is
+OPUS_FEC_BITRATE_BPS = 48_000  # voice; aiortc's 96 kbps stereo leaves libopus in CELT mode, without FEC
+
+
+def _with_fec(encoder: Any, loss_percent: int) -> None:
+    """In-band FEC on an aiortc Opus encoder (libopus through PyAV; set before its codec opens)."""
+    codec = getattr(encoder, "codec", None)
+    if codec is None or not hasattr(codec, "options"):
+        logger.warning("aiortc internals changed: outbound Opus without in-band FEC")
+        return
+    codec.options = {**codec.options, "fec": "1", "packet_loss": str(loss_percent)}
+    codec.bit_rate = OPUS_FEC_BITRATE_BPS
+
+
+def use_opus_fec(loss_percent: int = 10) -> None:
+    """Opus with in-band FEC, both ways (process-wide): offers and answers carry ``useinbandfec=1`` (so a
+    browser sends FEC to lipcast), and aiortc's Opus encoders here send it, sized for ``loss_percent``."""
+    global _opus_fec_loss_percent
+    for codec in aiortc.codecs.CODECS["audio"]:
+        if codec.mimeType.lower() == "audio/opus":
+            codec.parameters = {**codec.parameters, "minptime": 10, "useinbandfec": 1}
+    _hook_sender_encoders()
+    _opus_fec_loss_percent = loss_percent
 
 
 def _hook_sender_encoders() -> None:
