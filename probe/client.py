@@ -16,7 +16,11 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from lipcast.probe.impair import ImpairedTransport, Network, impair_peer_connection
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
+from lipcast.streaming.inbound import PlayoutTap
+from lipcast.streaming.opus import OpusDecoder
+from lipcast.streaming.playout import PacketPlayout, Released
 from lipcast.streaming.rtc import (
+    JITTER_BUFFER_ATTRIBUTE,
     encode_audio_on_loop,
     tune_receiver_latency,
     use_fast_audio_level,
@@ -27,6 +31,29 @@ from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
 
 class ProbeError(RuntimeError):
     """The server refused the call or the connection did not come up."""
+
+
+# The probe's own audio receiver waits this long for a missing packet, then conceals it: as a browser's
+# does, so that a lossy downlink measures the server, not aiortc's receiver (which would hold every later
+# packet until the missing one came or its ring overflowed).
+PROBE_AUDIO_WAIT_MS = 40.0
+
+
+def receive_audio_packets(receiver: Any, out: ReceivedAudio) -> bool:
+    """Take the call's returned audio from ``receiver``'s packets: ordered, lost ones concealed, decoded to
+    48 kHz mono into ``out`` with their release times. Returns whether it could (aiortc internals)."""
+    if not hasattr(receiver, JITTER_BUFFER_ATTRIBUTE):
+        return False
+
+    def record(audio: Released) -> None:
+        out.chunks.append(audio.samples)
+        out.arrived_at.append(time.monotonic())
+        out.starts.append(out.total)
+        out.total += len(audio.samples)
+
+    playout = PacketPlayout(OpusDecoder(), wait_ms_for=lambda: PROBE_AUDIO_WAIT_MS)
+    setattr(receiver, JITTER_BUFFER_ATTRIBUTE, PlayoutTap(playout, record, time.monotonic))
+    return True
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,8 @@ async def call(
         encode_audio_on_loop(pc.addTrack(source))  # as the server's senders: no thread hop per 20 ms packet
         pc.addTransceiver("video", direction="recvonly")
         for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
+            if transceiver.kind == "audio" and receive_audio_packets(transceiver.receiver, received_audio):
+                continue
             tune_receiver_latency(transceiver.receiver, video=options.video_release == "marker")
         channel = pc.createDataChannel(META_CHANNEL_LABEL)
 

@@ -214,6 +214,7 @@ class ImpairedTransport:
         send: Callable[[bytes], Awaitable[None]] = transport._send
         recv: Callable[[], Awaitable[bytes]] = transport._recv
         if direction in ("up", "both"):
+
             async def send_later(data: bytes) -> None:
                 with contextlib.suppress(ConnectionError):  # the call ended while it was in flight
                     await send(data)

@@ -27,6 +27,10 @@ from aiortc.mediastreams import VIDEO_TIME_BASE, convert_timebase
 from av import VideoFrame
 from av.frame import Frame
 
+# aiortc's 250 kbps floor does not fit a 300 kbps link with the voice beside it; 320x320 at 25 fps still
+# holds together at 80 kbps.
+MIN_BITRATE_BPS = 80_000
+MAX_BITRATE_BPS = vpx.MAX_BITRATE
 AIORTC_CPU_USED = -6  # aiortc's own value: negative = real-time mode, larger magnitude = faster
 AIORTC_NOISE_SENSITIVITY = 4  # aiortc's own value (for cameras)
 DEFAULT_NOISE_SENSITIVITY = 0  # rendered pictures have no sensor noise: the denoiser only costs time
@@ -83,6 +87,25 @@ class Vp8Encoder(vpx.Vp8Encoder):
         super().__init__()
         self.settings = settings or Vp8Settings()
         self.opened = 0  # codecs opened: the first frame, a new size, a bitrate change > 10 %
+        self._remb_bps = vpx.DEFAULT_BITRATE  # the receiver's estimate (REMB)
+        self._loss_cap_bps = MAX_BITRATE_BPS  # what the reported loss allows
+
+    @property
+    def target_bitrate(self) -> int:
+        """The lower of the receiver's estimate (REMB) and what the reported loss allows."""
+        return min(self._remb_bps, self._loss_cap_bps)
+
+    @target_bitrate.setter
+    def target_bitrate(self, bitrate: int) -> None:
+        self._remb_bps = max(MIN_BITRATE_BPS, min(int(bitrate), MAX_BITRATE_BPS))
+
+    def on_loss(self, fraction_lost: float) -> None:
+        """A receiver report's fraction lost (0..1), about once a second: above 10 % the bitrate backs off
+        by half the loss, below 2 % it creeps back up by 8 % a report (GCC's loss-based controller)."""
+        if fraction_lost > 0.10:
+            self._loss_cap_bps = max(MIN_BITRATE_BPS, int(self.target_bitrate * (1 - 0.5 * fraction_lost)))
+        elif fraction_lost < 0.02:
+            self._loss_cap_bps = min(MAX_BITRATE_BPS, int(self._loss_cap_bps * 1.08))
 
     def encode(self, frame: Frame, force_keyframe: bool = False) -> tuple[list[bytes], int]:
         assert isinstance(frame, VideoFrame)

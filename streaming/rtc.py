@@ -31,6 +31,7 @@ import aiortc.rtp
 import numpy as np
 from aiortc import RTCRtpReceiver, RTCRtpSender
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.rtp import RtcpRrPacket, RtcpSrPacket
 
 from lipcast.streaming.encoders import Vp8Encoder, Vp8Settings
 
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 AUDIO_JITTER_CAPACITY_PACKETS = 16  # aiortc's own value (a power of two)
 VIDEO_JITTER_CAPACITY_PACKETS = 512  # aiortc's own value
+VIDEO_GIVE_UP_MS = 200.0  # a missing video packet's wait for NACK and retransmission, then a keyframe
 JITTER_BUFFER_ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
 MAX_SAMPLE_VALUE = 32767  # RFC 6465's full scale, as aiortc
 MIN_AUDIO_LEVEL_DBOV = -127
@@ -62,10 +64,45 @@ class PacketJitterBuffer(JitterBuffer):
 
 class MarkerJitterBuffer(JitterBuffer):
     """Video: the frame at the head is released on its marker-bit packet (its last), contiguous from the head;
-    a frame whose marker packet was lost is released when the next frame starts, as aiortc does."""
+    a frame whose marker packet was lost is released when the next frame starts, as aiortc does. A missing
+    packet that neither arrives nor is resent within :data:`VIDEO_GIVE_UP_MS` is given up, as a browser
+    does: the frames it broke are dropped and a keyframe is asked for (PLI), where aiortc would wait until its
+    512-packet ring overflowed (seconds at a low bitrate)."""
 
     def __init__(self, capacity: int = VIDEO_JITTER_CAPACITY_PACKETS) -> None:
         super().__init__(capacity=capacity, is_video=True)
+        self._stalled_since: float | None = None
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        pli, frame = super().add(packet)
+        if (
+            frame is not None
+            or self._origin is None
+            or self._packets[self._origin % self._capacity] is not None
+        ):
+            self._stalled_since = None
+            return pli, frame
+        now = time.monotonic()
+        if self._stalled_since is None:
+            self._stalled_since = now
+            return pli, None
+        if now - self._stalled_since < VIDEO_GIVE_UP_MS / 1000.0:
+            return pli, None
+        self._stalled_since = None
+        self._skip_broken_frame()
+        return True, self._remove_frame(packet.sequence_number)
+
+    def _skip_broken_frame(self) -> None:
+        """Move the head past the missing packets and the rest of the frame they belonged to."""
+        origin = self._origin
+        assert origin is not None
+        slots = [self._packets[(origin + k) % self._capacity] for k in range(self._capacity)]
+        skip = next((k for k, p in enumerate(slots) if p is not None), 0)
+        broken = slots[skip].timestamp if slots[skip] is not None else None  # type: ignore[union-attr]
+        count = skip
+        while count < self._capacity and slots[count] is not None and slots[count].timestamp == broken:  # type: ignore[union-attr]
+            count += 1
+        self.remove(count)
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
         if self._origin is None:
@@ -177,6 +214,41 @@ def _with_fec(encoder: Any, loss_percent: int) -> None:
         return
     codec.options = {**codec.options, "fec": "1", "packet_loss": str(loss_percent)}
     codec.bit_rate = OPUS_FEC_BITRATE_BPS
+
+
+RETRANSMIT_BUDGET_PER_S = 30  # NACKed packets a sender resends per second at most (a storm feeds congestion)
+
+
+def use_congestion_control() -> None:
+    """aiortc's senders (process-wide, once): receiver reports' loss reaches the encoder (``on_loss``,
+    :class:`lipcast.streaming.encoders.Vp8Encoder`) and retransmissions keep to a budget per sender."""
+    sender_class = aiortc.rtcrtpsender.RTCRtpSender
+    if getattr(sender_class, "_lipcast_congestion", False):
+        return
+    handle_rtcp, retransmit = sender_class._handle_rtcp_packet, sender_class._retransmit
+
+    async def handle_rtcp_packet(self: Any, packet: Any) -> None:
+        await handle_rtcp(self, packet)
+        if isinstance(packet, RtcpRrPacket | RtcpSrPacket):
+            encoder = getattr(self, "_RTCRtpSender__encoder", None)
+            on_loss = getattr(encoder, "on_loss", None)
+            for report in packet.reports:
+                if report.ssrc == self._ssrc and on_loss is not None:
+                    on_loss(report.fraction_lost / 256.0)
+
+    async def budgeted_retransmit(self: Any, sequence_number: int) -> None:
+        now = time.monotonic()
+        window = getattr(self, "_lipcast_retransmits", None)
+        if window is None or now - window[0] >= 1.0:
+            window = self._lipcast_retransmits = [now, 0]
+        if window[1] >= RETRANSMIT_BUDGET_PER_S:
+            return
+        window[1] += 1
+        await retransmit(self, sequence_number)
+
+    sender_class._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
+    sender_class._retransmit = budgeted_retransmit  # type: ignore[method-assign]
+    sender_class._lipcast_congestion = True  # type: ignore[attr-defined]
 
 
 def use_opus_fec(loss_percent: int = 10) -> None:
