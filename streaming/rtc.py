@@ -75,20 +75,13 @@ class MarkerJitterBuffer(JitterBuffer):
 
     def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
         pli, frame = super().add(packet)
-        if (
-            frame is not None
-            or self._origin is None
-            or self._packets[self._origin % self._capacity] is not None
-        ):
-            self._stalled_since = None
-            return pli, frame
         now = time.monotonic()
-        if self._stalled_since is None:
-            self._stalled_since = now
-            return pli, None
+        if frame is not None or self._stalled_since is None:
+            self._stalled_since = now  # the head frame has been incomplete since this frame left
+            return pli, frame
         if now - self._stalled_since < VIDEO_GIVE_UP_MS / 1000.0:
             return pli, None
-        self._stalled_since = None
+        self._stalled_since = now
         self._skip_broken_frame()
         return True, self._remove_frame(packet.sequence_number)
 
