@@ -30,7 +30,8 @@ from av.frame import Frame
 # aiortc's 250 kbps floor does not fit a 300 kbps link with the voice beside it; 320x320 at 25 fps still
 # holds together at 80 kbps.
 MIN_BITRATE_BPS = 80_000
-MAX_INTRA_RATE_PERCENT = 300  # libvpx's rc_max_intra_bitrate_pct
+MAX_INTRA_RATE_PERCENT = 300  # libvpx's rc_max_intra_bitrate_pct, below NARROW_LINK_BPS
+NARROW_LINK_BPS = 300_000  # the receiver's estimate or the loss says the link is this narrow
 MAX_BITRATE_BPS = vpx.MAX_BITRATE
 AIORTC_CPU_USED = -6  # aiortc's own value: negative = real-time mode, larger magnitude = faster
 AIORTC_NOISE_SENSITIVITY = 4  # aiortc's own value (for cameras)
@@ -68,9 +69,6 @@ def open_vp8(width: int, height: int, bitrate_bps: int, settings: Vp8Settings) -
         "cpu-used": str(settings.cpu_used),
         "deadline": "realtime",
         "lag-in-frames": "0",
-        # A keyframe (the first, or one a PLI asked for) at most 3x an average frame: a bigger one overruns a
-        # narrow link's queue, loses packets and is asked for again, and the picture never comes back.
-        "max-intra-rate": str(MAX_INTRA_RATE_PERCENT),
         "minrate": str(bitrate_bps),
         "maxrate": str(bitrate_bps),
         "noise-sensitivity": str(settings.noise_sensitivity),
@@ -79,6 +77,11 @@ def open_vp8(width: int, height: int, bitrate_bps: int, settings: Vp8Settings) -
         "static-thresh": "1",
         "undershoot-pct": "100",
     }
+    if bitrate_bps < NARROW_LINK_BPS:
+        # A keyframe (one a PLI asked for) at most 3x an average frame: a bigger one overruns a narrow link's
+        # queue, loses packets and is asked for again, and the picture never comes back. Not above: a capped
+        # keyframe starts the picture blurred and it sharpens over the next second.
+        codec.options = {**codec.options, "max-intra-rate": str(MAX_INTRA_RATE_PERCENT)}
     codec.thread_count = vpx.number_of_threads(width * height, multiprocessing.cpu_count())
     return codec
 

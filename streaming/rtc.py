@@ -196,7 +196,6 @@ def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
 
 _timing_encoders = False
 _opus_fec_loss_percent: int | None = None  # None: aiortc's Opus encoder as it is
-OPUS_FEC_BITRATE_BPS = 48_000  # voice; aiortc's 96 kbps stereo leaves libopus in CELT mode, without FEC
 
 
 def _with_fec(encoder: Any, loss_percent: int) -> None:
@@ -205,8 +204,9 @@ def _with_fec(encoder: Any, loss_percent: int) -> None:
     if codec is None or not hasattr(codec, "options"):
         logger.warning("aiortc internals changed: outbound Opus without in-band FEC")
         return
+    # aiortc's 96 kbps stays: with FEC asked for, libopus keeps to SILK or hybrid frames, which carry it
+    # (measured: 65 of 100 voice packets with LBRR at 48 to 96 kbps); 48 kbps cost the voice's spectrum.
     codec.options = {**codec.options, "fec": "1", "packet_loss": str(loss_percent)}
-    codec.bit_rate = OPUS_FEC_BITRATE_BPS
 
 
 RETRANSMIT_BUDGET_PER_S = 30  # NACKed packets a sender resends per second at most (a storm feeds congestion)
