@@ -272,14 +272,81 @@ def received_time_of(audio: ReceivedAudio, sample: int) -> float | None:
     return audio.arrived_at[i]
 
 
-def audio_delays_ms(recording: CallRecording, lag: int) -> FloatArray:
-    """Input -> output audio delay for every received chunk that carries sent audio."""
-    delays = []
+def audio_delays_ms(
+    recording: CallRecording, lag: int, bursts: list[Burst] | None = None, lags: list[int] | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """Input -> output audio delay for every received chunk that carries sent audio: (arrival times (s,
+    monotonic), delays (ms)).
+
+    With ``bursts`` and their own ``lags`` (:func:`burst_lags`), only the chunks inside a burst count, each
+    at its burst's lag: a buffer that deepened or trimmed mid-call moved the later bursts, and one lag for
+    the whole call would map their audio to the wrong sent samples (and hide the change)."""
+    spans = None
+    if bursts is not None and lags is not None:
+        spans = np.asarray([(b.start + g, b.end + g, g) for b, g in zip(bursts, lags, strict=True)])
+    times, delays = [], []
     for start, arrived in zip(recording.audio.starts, recording.audio.arrived_at, strict=True):
-        sent_at = sent_time(recording, start - lag)
+        chunk_lag = lag
+        if spans is not None:
+            inside = np.flatnonzero((spans[:, 0] <= start) & (start < spans[:, 1])) if len(spans) else []
+            if not len(inside):
+                continue
+            chunk_lag = int(spans[inside[-1], 2])
+        sent_at = sent_time(recording, start - chunk_lag)
         if sent_at is not None:
+            times.append(arrived)
             delays.append((arrived - sent_at) * 1000.0)
-    return np.asarray(delays)
+    return np.asarray(times, dtype=np.float64), np.asarray(delays, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class DelayRecovery:
+    """The audio delay before, during and after an impaired stretch of a call."""
+
+    before_ms: float  # median before the stretch (the call's clean delay)
+    during_ms: float  # median during it
+    after_ms: float  # median of the last seconds of the call
+    recovered_s: float | None  # from the stretch's end until the delay stayed within tolerance (None: never)
+
+
+def delay_recovery(
+    times: FloatArray,
+    delays_ms: FloatArray,
+    impaired_from: float,
+    impaired_until: float,
+    tolerance_ms: float = 20.0,
+    bin_s: float = 1.0,
+    settle_s: float = 2.0,
+) -> DelayRecovery | None:
+    """How long after ``impaired_until`` the delay came back within ``tolerance_ms`` of its clean value.
+
+    The clean value is the median delay from ``settle_s`` after the first chunk to ``impaired_from``; after
+    the stretch the delay is taken per ``bin_s`` (its median), and the call has recovered at the start of the
+    first bin from which every later bin is within tolerance. None when there is no clean stretch to compare.
+    """
+    if not len(times):
+        return None
+    clean = (times >= times[0] + settle_s) & (times < impaired_from)
+    during = (times >= impaired_from) & (times < impaired_until)
+    after = times >= impaired_until
+    if clean.sum() < 10 or not after.any():
+        return None
+    before = float(np.median(delays_ms[clean]))
+    bins = np.floor((times[after] - impaired_until) / bin_s).astype(int)
+    medians = [float(np.median(delays_ms[after][bins == b])) for b in np.unique(bins)]
+    starts = np.unique(bins)
+    recovered: float | None = None
+    for i in range(len(medians) - 1, -1, -1):
+        if abs(medians[i] - before) > tolerance_ms:
+            break
+        recovered = float(starts[i] * bin_s)
+    tail = after & (times >= times[-1] - 5.0)
+    return DelayRecovery(
+        before_ms=round(before, 1),
+        during_ms=round(float(np.median(delays_ms[during])), 1) if during.any() else float("nan"),
+        after_ms=round(float(np.median(delays_ms[tail])), 1),
+        recovered_s=recovered,
+    )
 
 
 def mouth_motion(recording: CallRecording, reference_frames: int = 10) -> FloatArray:
@@ -287,6 +354,47 @@ def mouth_motion(recording: CallRecording, reference_frames: int = 10) -> FloatA
     regions = np.stack(recording.video.regions).astype(np.float64)
     reference = np.median(regions[:reference_frames], axis=0)
     return np.abs(regions - reference).mean(axis=(1, 2, 3))
+
+
+def mouth_speech_correlation(
+    sent: npt.NDArray[np.int16],
+    sent_at: list[float],
+    frame_arrivals: FloatArray,
+    motion: FloatArray,
+    delay_ms: float,
+    search_ms: float = 120.0,
+    step_ms: float = 10.0,
+) -> tuple[float, float]:
+    """How well the mouth follows the speech the client sent: (correlation, the delay that gives it, ms).
+
+    Per received frame, the loudness (RMS) of the 40 ms of sent audio that ended ``d`` before the frame
+    arrived, correlated with the frame's mouth motion; ``d`` is searched within ``search_ms`` of ``delay_ms``
+    (the call's audio delay) and the best kept. One fixed delay for the whole call: a call whose delay jumps
+    (a stall, a buffer that grew) has frames whose mouth belongs to other audio, and scores lower.
+    """
+    packets = len(sent_at)
+    if packets < 2 or len(frame_arrivals) < 3:
+        return 0.0, delay_ms
+    usable = min(packets, len(sent) // OPUS_PACKET_SAMPLES)
+    blocks = sent[: usable * OPUS_PACKET_SAMPLES].astype(np.float64).reshape(usable, OPUS_PACKET_SAMPLES)
+    loudness = np.sqrt((blocks**2).mean(axis=1))
+    send_times = np.asarray(sent_at[:usable])
+    arrivals = np.asarray(frame_arrivals, dtype=np.float64)
+    best = (-1.0, delay_ms)
+    for d_ms in np.arange(delay_ms - search_ms, delay_ms + search_ms + step_ms / 2, step_ms):
+        # The two 20 ms packets that had left by (arrival - d): the frame's 40 ms of speech.
+        last = np.searchsorted(send_times, arrivals - d_ms / 1000.0, side="right") - 1
+        valid = last >= 1
+        if valid.sum() < 3:
+            continue
+        envelope = (loudness[last[valid]] + loudness[last[valid] - 1]) / 2.0
+        moved = motion[: len(arrivals)][valid]
+        if envelope.std() == 0 or moved.std() == 0:
+            continue
+        score = float(np.corrcoef(envelope, moved)[0, 1])
+        if score > best[0]:
+            best = (score, float(d_ms))
+    return (best[0] if best[0] > -1.0 else 0.0), best[1]
 
 
 ONSET_START_FRACTION = 0.5  # the rise to the threshold starts where motion is above this share of it

@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="impair the call's RTP in the probe's own transport, e.g."
         ' "loss=2%%,burst=4,delay=40ms,jitter=30ms,rate=300kbps" (queue=MS: the rate-limited'
-        " link's queue, 300 ms by default); seeded by --seed",
+        " link's queue, 300 ms by default; from=S,until=S: impair only that stretch of the call);"
+        " seeded by --seed",
     )
     p.add_argument(
         "--impair-direction",

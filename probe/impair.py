@@ -15,6 +15,10 @@ A path applies, in this order:
 * **delay and jitter** -- each packet is held ``delay_ms`` plus a uniform draw in ``+- jitter_ms``
   (never below zero), independently, so packets overtake one another when the jitter exceeds their spacing.
 
+``from`` and ``until`` (seconds after the path's first media packet) bound the impaired stretch: outside it
+packets pass untouched, so one call shows the network before, during and after (how fast a call recovers
+once the jitter stops).
+
 Every draw comes from one ``random.Random(seed)`` per path: the same seed and the same packets give the same
 fate, packet for packet.
 """
@@ -39,6 +43,16 @@ _UNITS = {
     "jitter": {"ms": 1.0, "s": 1000.0, "": 1.0},
     "rate": {"kbps": 1.0, "mbps": 1000.0, "": 1.0},
     "queue": {"ms": 1.0, "s": 1000.0, "": 1.0},
+    "from": {"s": 1.0, "ms": 0.001, "": 1.0},
+    "until": {"s": 1.0, "ms": 0.001, "": 1.0},
+}
+_KEYS = {
+    "delay": "delay_ms",
+    "jitter": "jitter_ms",
+    "rate": "rate_kbps",
+    "queue": "queue_ms",
+    "from": "from_s",
+    "until": "until_s",
 }
 
 
@@ -54,6 +68,10 @@ class Impairment:
     jitter_ms: float = 0.0  # each packet's delay is delay_ms + uniform(-jitter_ms, +jitter_ms), >= 0
     rate_kbps: float | None = None  # None: no rate limit
     queue_ms: float = DEFAULT_QUEUE_MS  # the rate-limited link's queue, in time at that rate
+    # The impaired stretch, seconds after the path's first media packet (None: to the end): outside it
+    # packets pass untouched, so a run shows the call before, during and after the impairment.
+    from_s: float = 0.0
+    until_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.loss < 1.0:
@@ -64,10 +82,13 @@ class Impairment:
             raise ImpairmentError("delay, jitter and queue must be >= 0")
         if self.rate_kbps is not None and self.rate_kbps <= 0:
             raise ImpairmentError("rate must be > 0")
+        if self.from_s < 0 or (self.until_s is not None and self.until_s <= self.from_s):
+            raise ImpairmentError("from must be >= 0 and until later than from")
 
     @classmethod
     def parse(cls, text: str) -> Impairment:
-        """``"loss=2%,burst=4,delay=40ms,jitter=30ms,rate=300kbps,queue=200ms"``; any subset, any order."""
+        """``"loss=2%,burst=4,delay=40ms,jitter=30ms,rate=300kbps,queue=200ms,from=10s,until=30s"``; any
+        subset, any order."""
         values: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = _FIELD.match(part.lower())
@@ -77,10 +98,7 @@ class Impairment:
             scale = _UNITS[name].get(unit)
             if scale is None:
                 raise ImpairmentError(f"{name} takes {' or '.join(u or 'no unit' for u in _UNITS[name])}")
-            key = {"delay": "delay_ms", "jitter": "jitter_ms", "rate": "rate_kbps", "queue": "queue_ms"}.get(
-                name, name
-            )
-            values[key] = float(number) * scale
+            values[_KEYS.get(name, name)] = float(number) * scale
         return cls(**values)
 
     @property
@@ -103,15 +121,24 @@ class Network:
 
 @dataclass
 class PathStats:
-    packets: int = 0  # media packets that entered the path
+    packets: int = 0  # media packets that entered the path while it impaired (from..until)
     lost: int = 0  # by the loss model
     queue_drops: int = 0  # by the rate-limited link's full queue
     delivered: int = 0
     reordered: int = 0  # delivered after a packet that entered the path later
     max_queue_ms: float = 0.0
+    first_packet_at: float | None = None  # the path's clock (the loop's: time.monotonic) at its first packet
 
     def to_json(self) -> dict[str, float | int]:
-        return {**vars(self), "max_queue_ms": round(self.max_queue_ms, 1)}
+        counts = {k: v for k, v in vars(self).items() if k != "first_packet_at"}
+        return {**counts, "max_queue_ms": round(self.max_queue_ms, 1)}
+
+    def impaired_between(self, impairment: Impairment) -> tuple[float, float | None] | None:
+        """The stretch the path impaired, on its clock (None before the first packet)."""
+        if self.first_packet_at is None:
+            return None
+        start = self.first_packet_at + impairment.from_s
+        return start, None if impairment.until_s is None else self.first_packet_at + impairment.until_s
 
 
 class GilbertElliott:
@@ -161,6 +188,11 @@ class ImpairedPath:
     def fate(self, size_bytes: int, now: float) -> float | None:
         """When a packet entering now leaves the path (seconds, on the path's clock), or None: dropped."""
         imp = self.impairment
+        if self.stats.first_packet_at is None:
+            self.stats.first_packet_at = now
+        elapsed_s = now - self.stats.first_packet_at
+        if elapsed_s < imp.from_s or (imp.until_s is not None and elapsed_s >= imp.until_s):
+            return now
         self.stats.packets += 1
         if self.loss.lost():
             self.stats.lost += 1

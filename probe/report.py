@@ -66,6 +66,11 @@ class CallReport:
     sent_started_at: float = 0.0  # when the first audio packet left
     frame_arrivals: list[float] = field(default_factory=list)
     network: dict[str, dict[str, float | int]] = field(default_factory=dict)  # impairment, per direction
+    # Mouth motion against the sent speech's loudness at one fixed delay (analysis.mouth_speech_correlation).
+    mouth_correlation: float | None = None
+    mouth_correlation_delay_ms: float | None = None
+    # For an impairment with an end (``until=``): the delay before, during, after, and how soon it was back.
+    delay_recovery: dict[str, float | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -137,6 +142,13 @@ def analyse(recording: CallRecording) -> CallReport:
     silent = np.asarray([not open_by_frame.get(int(n), True) for n in numbers], dtype=bool)
     threshold = motion_threshold(motion, silent) if len(motion) else 0.0
     latencies = analysis.onset_latencies_ms(recording, bursts, motion, threshold)
+    delay_times, audio_delays = analysis.audio_delays_ms(recording, lag, bursts, burst_lags)
+    recovery = _delay_recovery(recording, delay_times, audio_delays)
+    mouth_corr = mouth_delay = None
+    if len(motion) and len(audio_delays):
+        mouth_corr, mouth_delay = analysis.mouth_speech_correlation(
+            sent, recording.source.sent_at, arrivals, motion, float(np.median(audio_delays))
+        )
 
     results = []
     for burst, latency, burst_lag in zip(bursts, latencies, burst_lags, strict=True):
@@ -175,7 +187,7 @@ def analyse(recording: CallRecording) -> CallReport:
         audio_bursts_reordered=reordered,
         audio_burst_lags_ms=[round(v * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 2) for v in burst_lags],
         audio_gaps=int((audio_gaps > AUDIO_GAP_MS).sum()),
-        audio_delay_ms=[float(v) for v in analysis.audio_delays_ms(recording, lag)],
+        audio_delay_ms=[float(v) for v in audio_delays],
         frame_latency_ms=frame_latency,
         stages_ms=stages,
         bursts=results,
@@ -183,7 +195,26 @@ def analyse(recording: CallRecording) -> CallReport:
         sent_started_at=recording.source.sent_at[0] if recording.source.sent_at else 0.0,
         frame_arrivals=[float(a) for a in arrivals],
         network=recording.network.stats_json() if recording.network is not None else {},
+        mouth_correlation=None if mouth_corr is None else round(mouth_corr, 4),
+        mouth_correlation_delay_ms=mouth_delay,
+        delay_recovery=None if recovery is None else asdict(recovery),
     )
+
+
+def _delay_recovery(
+    recording: CallRecording, times: np.ndarray, delays_ms: np.ndarray
+) -> analysis.DelayRecovery | None:
+    """The audio delay around the probe's impaired stretch, when the impairment had an end."""
+    network = recording.network
+    if network is None:
+        return None
+    for path in (network.up, network.down):
+        if path is None or path.impairment.until_s is None:
+            continue
+        stretch = path.stats.impaired_between(path.impairment)
+        if stretch is not None and stretch[1] is not None:
+            return analysis.delay_recovery(times, delays_ms, stretch[0], stretch[1])
+    return None
 
 
 # The server stages that lie on a frame's audio path (in order), from the metadata's stages_ms.

@@ -77,6 +77,10 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "freezes": sum(r.freezes for r in reports),
         "late_frames": sum(r.late_frames for r in reports),
         "audio_returned_min": min((r.audio_returned for r in reports), default=0.0),
+        "delay_recovery": [r.delay_recovery for r in reports if r.delay_recovery is not None],
+        "mouth_correlation_min": min(
+            (r.mouth_correlation for r in reports if r.mouth_correlation is not None), default=None
+        ),
         "audio_gaps": sum(r.audio_gaps for r in reports),
         "bursts": len(bursts),
         "bursts_detected": sum(1 for b in bursts if b.mouth_latency_ms is not None),
@@ -145,6 +149,19 @@ def format_network(network: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def format_recovery(recoveries: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"  delay around the impaired stretch: before {r['before_ms']:.1f} ms,"
+        f" during {r['during_ms']:.1f} ms, at the end {r['after_ms']:.1f} ms; back within 20 ms after"
+        f" {_number(r['recovered_s'], '.0f')} s"
+        for r in recoveries
+    ]
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
     def row(name: str, p: dict[str, float]) -> str:
         cells = "".join(f"{p.get(k, float('nan')):>10.1f}" for k in ("p50", "p95", "p99"))
@@ -161,6 +178,8 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  fps: min {s['fps_min']:.2f}, mean {s['fps_mean']:.2f}; gaps > 60 ms: {s['frame_gaps']};"
         f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
+        f"  mouth follows speech: correlation min {_number(s.get('mouth_correlation_min'), '.3f')}",
+        *format_recovery(s.get("delay_recovery") or []),
         *format_stages(s.get("stages_ms") or {}),
         *format_network(s.get("network") or {}),
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"

@@ -51,6 +51,7 @@ class RuntimeCollector(Collector):
             "audio_fec_recovered": "Lost inbound audio packets rebuilt from the next packet's in-band FEC",
             "audio_packets_late": "Inbound audio packets dropped: arrived after their slot was concealed",
             "audio_packets_reordered": "Inbound audio packets that arrived after a later one, in time",
+            "audio_stretched_samples": "Inbound samples concealed to hold the stream back (late audio)",
             "push_bytes_in": "PCM16 bytes queued by push sessions",
             "push_bytes_refused": "PCM16 bytes refused by push sessions (buffer full; the sender was told)",
             "interrupts": "Interrupts (barge-in) of push sessions",

@@ -46,6 +46,7 @@ PLAYOUT_COUNTERS = (
     "audio_fec_recovered",
     "audio_packets_late",
     "audio_packets_reordered",
+    "audio_stretched_samples",
 )
 
 SIGNALLING = ("offer", "whip")  # the call page's JSON /offer, or WHIP (RFC 9725) ingest
@@ -123,6 +124,7 @@ class Session(PeerEndpoint):
             "audio_fec_recovered": stats.fec_recovered,
             "audio_packets_late": stats.late,
             "audio_packets_reordered": stats.reordered,
+            "audio_stretched_samples": stats.stretched_samples,
         }
 
     def on_track(self, track: MediaStreamTrack) -> None:

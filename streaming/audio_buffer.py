@@ -19,6 +19,9 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   of :data:`TRIM_WINDOW_PULLS` (5 s) pulls is recorded, the silent head blocks that fit in its smallest
   margin less a guard (:data:`TRIM_GUARD_MS`, plus what the jitter estimate still holds from an underrun or
   an older spike) are dropped, as many whole blocks as fit (none if the head is speech). The window's
+  margins are then lowered by what was dropped (each of those pulls would have had that much less to spare),
+  so later pulls go on trimming as the guard decays, rather than waiting for a new window: the depth follows
+  a forgotten spike down within seconds. The window's
   minimum margin is its worst arrival, so a trim never leaves less time to spare than the last 5 s needed;
   with steady 20 ms packets and 40 ms ticks it takes the wait from 40-60 ms to 20-40 ms. The first trim of a
   call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (1 s): a call's first audio often arrives bunched and
@@ -88,6 +91,7 @@ class BufferStats:
     trimmed_samples: int = 0
     overflow_samples: int = 0
     interrupted_samples: int = 0  # dropped on purpose by :meth:`InputAudioBuffer.interrupt`
+    stretched_samples: int = 0  # played while holding the stream back, so the buffer could deepen
 
 
 class InputAudioBuffer:
@@ -135,6 +139,11 @@ class InputAudioBuffer:
         self._last_real: tuple[float, int] | None = None  # the newest block that arrived: (when, position)
         # Asked, before a tick is declared dry, to supply this many samples if it can (lost audio concealed).
         self.refill: Callable[[int], None] | None = None
+        # Asked for this many samples that continue the audio without taking any of the stream (concealment
+        # that holds the stream back a tick): how the buffer deepens once audio starts arriving late.
+        self.stretch: Callable[[int], Int16Array] | None = None
+        self._late_pending = False  # audio arrived too late to play since the last pull
+        self._last_speech = False
 
     @property
     def target_samples(self) -> int:
@@ -174,9 +183,11 @@ class InputAudioBuffer:
         return self._next_input_pos
 
     def observe_late(self, arrived_s: float, position: int) -> None:
-        """Audio at ``position`` came at ``arrived_s``, too late to play: the jitter estimate counts it."""
+        """Audio at ``position`` came at ``arrived_s``, too late to play: the jitter estimate counts it, and
+        the next pull holds the stream back a tick if the buffer is below its (new) target."""
         if self.jitter is not None:
             self.jitter.observe(arrived_s, position / self.sample_rate_hz)
+        self._late_pending = True
 
     def push(
         self, samples: Int16Array, speech: bool, *, arrived_s: float | None = None, concealed: bool = False
@@ -241,6 +252,9 @@ class InputAudioBuffer:
                 self._primed = self._ever_primed = True
             else:
                 return Pulled(np.zeros(count, np.int16), False, None, underrun=False)
+        late, self._late_pending = self._late_pending, False
+        if late and self.stretch is not None and self._depth < self.target_samples:
+            return self._hold(count, self.stretch)
         if self._depth < count and self.refill is not None:
             self.refill(count - self._depth)
         if self._depth < count:
@@ -255,6 +269,7 @@ class InputAudioBuffer:
         if self.jitter is not None:
             self._margins_s.append(self._margin_s(count))
         pulled = self._take(count)
+        self._last_speech = pulled.speech
         target = self.target_samples
         excess = self._depth - target
         if self._hysteresis_samples is not None and excess > self._hysteresis_samples:
@@ -262,6 +277,16 @@ class InputAudioBuffer:
         if self.jitter is not None and self._hysteresis_samples is not None:
             self._trim_by_margin(self.jitter)
         return pulled
+
+    def _hold(self, count: int, stretch: Callable[[int], Int16Array]) -> Pulled:
+        """Play a tick of concealment that continues the audio and take nothing: the stream is held back a
+        tick, so later audio that arrives as late as the last did is in time (NetEQ's "expand"). The excess
+        this leaves once the network calms goes as silence, by the margin trim."""
+        samples = stretch(count)
+        if len(samples) != count:
+            samples = np.resize(samples, count) if len(samples) else np.zeros(count, np.int16)
+        self.stats.stretched_samples += count
+        return Pulled(samples.astype(np.int16, copy=False), self._last_speech, None, underrun=False)
 
     def _log_underrun(self, count: int) -> None:
         now = self._clock()
@@ -306,7 +331,11 @@ class InputAudioBuffer:
         dropped = self._discard_oldest(max(0, int(spare_s * self.sample_rate_hz)), silence_only=True)
         if dropped:
             self.stats.trimmed_samples += dropped
-            self._margins_s.clear()  # the next trim needs a whole window at the new depth
+            # Every pull of the window would have had that much less to spare at the new depth: the window
+            # stays, shifted, so the depth follows the guard down as an old spike is forgotten (not one
+            # step per window).
+            dropped_s = dropped / self.sample_rate_hz
+            self._margins_s = deque((m - dropped_s for m in self._margins_s), maxlen=TRIM_WINDOW_PULLS)
             self._trim_window = TRIM_WINDOW_PULLS
 
     def _take(self, count: int) -> Pulled:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from aiortc import RTCRtpReceiver
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
@@ -73,6 +74,10 @@ class PlayoutTap:
         """The buffer is this short of a tick: conceal now rather than let it run dry."""
         self._emit(self.playout.release(self.clock(), need_samples=short_samples))
 
+    def stretch(self, samples: int) -> npt.NDArray[np.int16]:
+        """Concealment that holds the stream back (the buffer deepens after late audio)."""
+        return self.playout.stretch(samples)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -124,6 +129,7 @@ class AudioIngest:
         self._tap = PlayoutTap(self.playout, self.accept, buffer.clock)
         setattr(receiver, JITTER_BUFFER_ATTRIBUTE, self._tap)
         buffer.refill = self._tap.refill
+        buffer.stretch = self._tap.stretch
         return True
 
     def _late(self, timestamp: int, arrived_s: float) -> None:
@@ -154,6 +160,7 @@ class AudioIngest:
                 "fec": stats.fec_recovered,
                 "late": stats.late,
                 "reordered": stats.reordered,
+                "stretched_ms": round(stats.stretched_samples * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 1),
             }
         return out
 

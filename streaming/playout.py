@@ -21,11 +21,13 @@ I/O and its clock passed in (unit-tested against recorded packet timelines):
   The stream's timeline stays the sender's, so the buffer never runs dry for loss, and its adaptive target
   follows the network's jitter only.
 * A packet that arrives after its slot was concealed is dropped (*late*) but its arrival is reported
-  (``on_late``): lateness is jitter, and the buffer's target must see it. A duplicate is dropped. Audio is
-  never reordered.
+  (``on_late``): lateness is jitter, and the buffer's target must see it. The buffer then holds the stream
+  back a tick (:meth:`PacketPlayout.stretch`: concealment that takes no slot) while it is below its target,
+  so the packets behind arrive in time: without that, a network that grew later mid-call would leave every
+  packet late. A duplicate is dropped. Audio is never reordered.
 
 Counters: received, lost (concealed packets), concealed samples, FEC-recovered packets, late, reordered
-(arrived after a packet sent later, but in time), duplicates.
+(arrived after a packet sent later, but in time), duplicates, stretched samples (of the concealed).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class PlayoutStats:
     late: int = 0  # arrived after their slot was concealed (dropped)
     reordered: int = 0  # arrived after a packet sent later, in time to be played
     duplicates: int = 0
+    stretched_samples: int = 0  # concealment that held the stream back (:meth:`PacketPlayout.stretch`)
     skipped_samples: int = 0  # holes longer than MAX_FILL_MS, left out
 
     def to_json(self) -> dict[str, int]:
@@ -155,6 +158,15 @@ class PacketPlayout:
             if short > 0 and deadline is None and self._active(now_s):
                 out.extend(self._conceal_ahead(short))
             return out
+
+    def stretch(self, samples: int) -> Int16Array:
+        """``samples`` of concealment that continue the audio without taking a packet's slot: the buffer
+        holds the stream back while the network has grown later, so the packets now on their way are in time.
+        """
+        out = self.decoder.conceal(samples)
+        self.stats.concealed_samples += len(out)
+        self.stats.stretched_samples += len(out)
+        return out
 
     def _active(self, now_s: float) -> bool:
         last = self._last_arrival_s

@@ -133,3 +133,66 @@ def test_mouth_onset_is_the_start_of_the_rise_whatever_the_threshold(threshold: 
     crossing = int(np.nonzero(motion > threshold)[0][0])
     assert frame == (20 if 7.5 > threshold / 2 else 21)
     assert crossing - frame >= 1  # the old figure: the crossing itself, one frame later or more
+
+
+def _mouth_following(delays_s: npt.NDArray[np.float64]) -> tuple[float, float]:
+    """A mouth that opens with the loudness of SENT's 40 ms before each frame, ``delays_s`` later."""
+    packet_s = analysis.OPUS_PACKET_SAMPLES / analysis.MEDIA_SAMPLE_RATE_HZ
+    sent_at = [i * packet_s for i in range(len(SENT) // analysis.OPUS_PACKET_SAMPLES)]
+    frames = np.arange(len(delays_s))
+    shown_s = frames * 0.040 + 0.040  # the frame carries the 40 ms of speech that ended then
+    blocks = SENT[: len(sent_at) * analysis.OPUS_PACKET_SAMPLES].astype(np.float64)
+    loudness = np.sqrt((blocks.reshape(len(sent_at), -1) ** 2).mean(axis=1))
+    last = np.clip((shown_s / packet_s).astype(int) - 1, 1, len(loudness) - 1)
+    motion = (loudness[last] + loudness[last - 1]) / 2.0 + np.random.default_rng(0).normal(0, 50, len(last))
+    arrivals = shown_s + delays_s
+    return analysis.mouth_speech_correlation(SENT, sent_at, arrivals, motion, delay_ms=150.0)
+
+
+def test_a_mouth_in_step_with_the_speech_correlates_at_its_delay() -> None:
+    frames = int(len(SENT) / analysis.MEDIA_SAMPLE_RATE_HZ / 0.040) - 1
+    corr, delay_ms = _mouth_following(np.full(frames, 0.180))
+    assert corr > 0.95 and abs(delay_ms - 180.0) <= 10.0
+
+
+def test_a_call_whose_delay_jumps_mid_way_scores_lower() -> None:
+    frames = int(len(SENT) / analysis.MEDIA_SAMPLE_RATE_HZ / 0.040) - 1
+    steady, _ = _mouth_following(np.full(frames, 0.180))
+    delays = np.where(np.arange(frames) < frames // 2, 0.180, 0.480)  # a 300 ms stall half way
+    jumped, _ = _mouth_following(delays)
+    assert jumped < steady - 0.2
+
+
+def test_a_mouth_that_ignores_the_speech_does_not_correlate() -> None:
+    packet_s = analysis.OPUS_PACKET_SAMPLES / analysis.MEDIA_SAMPLE_RATE_HZ
+    sent_at = [i * packet_s for i in range(len(SENT) // analysis.OPUS_PACKET_SAMPLES)]
+    arrivals = np.arange(150) * 0.040 + 0.2
+    motion = np.random.default_rng(1).uniform(0, 10, len(arrivals))
+    corr, _ = analysis.mouth_speech_correlation(SENT, sent_at, arrivals, motion, delay_ms=150.0, search_ms=0)
+    assert abs(corr) < 0.3
+
+
+def _delays(ms_at: list[tuple[float, float]], step_s: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+    """Delay series: (until_s, delay_ms) pieces, one chunk every ``step_s``."""
+    times, delays, t = [], [], 0.0
+    for until_s, ms in ms_at:
+        while t < until_s:
+            times.append(t)
+            delays.append(ms)
+            t += step_s
+    return np.asarray(times), np.asarray(delays)
+
+
+def test_the_delay_recovers_where_it_comes_back_within_tolerance_for_good() -> None:
+    # clean 120 ms to 10 s, jitter to 30 s (220 ms), then 3 s at 180, 1 s at 130, the rest at 125.
+    times, delays = _delays([(10, 120.0), (30, 220.0), (33, 180.0), (34, 130.0), (45, 125.0)])
+    r = analysis.delay_recovery(times, delays, impaired_from=10.0, impaired_until=30.0)
+    assert r is not None
+    assert (r.before_ms, r.during_ms, r.after_ms, r.recovered_s) == (120.0, 220.0, 125.0, 3.0)
+
+
+def test_a_delay_that_stays_high_never_recovers() -> None:
+    times, delays = _delays([(10, 120.0), (30, 220.0), (45, 200.0)])
+    r = analysis.delay_recovery(times, delays, impaired_from=10.0, impaired_until=30.0)
+    assert r is not None and r.recovered_s is None
+    assert analysis.delay_recovery(times, delays, impaired_from=1.0, impaired_until=30.0) is None

@@ -85,6 +85,20 @@ def test_the_rate_limit_queues_at_the_link_rate_and_drops_past_the_queue() -> No
     assert path.stats.queue_drops == 1 and path.stats.max_queue_ms == pytest.approx(200)
 
 
+def test_only_the_stretch_from_until_is_impaired() -> None:
+    imp = Impairment.parse("loss=50%,delay=100ms,from=1s,until=2000ms")
+    assert (imp.from_s, imp.until_s) == (1.0, 2.0)
+    path = ImpairedPath(imp, lambda _: None, seed=2)
+    fates = {t: path.fate(200, t) for t in (i * 0.02 for i in range(150))}
+    untouched = [t for t, f in fates.items() if f == t]
+    assert all(t < 1.0 or t >= 2.0 for t in untouched) and len(untouched) == 100
+    impaired = [f for t, f in fates.items() if 1.0 <= t < 2.0]
+    assert any(f is None for f in impaired) and all(f is None or f >= 0.1 for f in impaired)
+    assert path.stats.packets == 50  # counted while it impaired
+    with pytest.raises(ImpairmentError, match="until"):
+        Impairment.parse("from=3s,until=2s")
+
+
 def test_only_srtp_media_is_impaired() -> None:
     assert is_media(bytes([0x80, 111, 0, 1]))  # RTP, Opus
     assert is_media(bytes([0x80, 96 | 0x80, 0, 1]))  # RTP with the marker bit, VP8

@@ -84,3 +84,11 @@ async def test_downlink_loss_keeps_the_video_moving(aiohttp_client) -> None:
     assert recording.network.down.stats.lost > 5
     assert lossy.fps >= 22 and lossy.max_frame_gap_ms < 500  # a lost frame is recovered (NACK, PLI)
     assert p50(lossy.audio_delay_ms) <= p50(clean.audio_delay_ms) + 60
+
+
+async def test_jitter_starting_mid_call_deepens_the_buffer_instead_of_dropping(aiohttp_client) -> None:
+    # The buffer primed on a clean link; 3 s in, every packet comes 20-80 ms later. Without the held ticks
+    # (PacketPlayout.stretch) each packet stayed late and was dropped: ~60 % of that stretch's audio lost.
+    _, jittery, recording = await clean_and_impaired(aiohttp_client, "delay=50ms,jitter=30ms,from=3s")
+    assert jittery.audio_returned >= 0.9
+    assert last_rx(recording)["stretched_ms"] >= 40
