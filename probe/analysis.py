@@ -283,12 +283,13 @@ def audio_delays_ms(
     the whole call would map their audio to the wrong sent samples (and hide the change)."""
     spans = None
     if bursts is not None and lags is not None:
-        spans = np.asarray([(b.start + g, b.end + g, g) for b, g in zip(bursts, lags, strict=True)])
+        spans = np.asarray([(b.start + g, b.end + g, g) for b, g in zip(bursts, lags, strict=True)], np.int64)
+        spans = spans.reshape(-1, 3)
     times, delays = [], []
     for start, arrived in zip(recording.audio.starts, recording.audio.arrived_at, strict=True):
         chunk_lag = lag
         if spans is not None:
-            inside = np.flatnonzero((spans[:, 0] <= start) & (start < spans[:, 1])) if len(spans) else []
+            inside = np.flatnonzero((spans[:, 0] <= start) & (start < spans[:, 1]))
             if not len(inside):
                 continue
             chunk_lag = int(spans[inside[-1], 2])

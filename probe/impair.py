@@ -128,9 +128,11 @@ class PathStats:
     reordered: int = 0  # delivered after a packet that entered the path later
     max_queue_ms: float = 0.0
     first_packet_at: float | None = None  # the path's clock (the loop's: time.monotonic) at its first packet
+    # Media bytes that entered the path (what the sender sent), per second since its first packet.
+    bytes_by_second: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, float | int]:
-        counts = {k: v for k, v in vars(self).items() if k != "first_packet_at"}
+        counts = {k: v for k, v in vars(self).items() if k not in ("first_packet_at", "bytes_by_second")}
         return {**counts, "max_queue_ms": round(self.max_queue_ms, 1)}
 
     def impaired_between(self, impairment: Impairment) -> tuple[float, float | None] | None:
@@ -191,6 +193,10 @@ class ImpairedPath:
         if self.stats.first_packet_at is None:
             self.stats.first_packet_at = now
         elapsed_s = now - self.stats.first_packet_at
+        second = int(elapsed_s)
+        sent = self.stats.bytes_by_second
+        sent.extend([0] * (second + 1 - len(sent)))
+        sent[second] += size_bytes
         if elapsed_s < imp.from_s or (imp.until_s is not None and elapsed_s >= imp.until_s):
             return now
         self.stats.packets += 1

@@ -71,6 +71,8 @@ class CallReport:
     mouth_correlation_delay_ms: float | None = None
     # For an impairment with an end (``until=``): the delay before, during, after, and how soon it was back.
     delay_recovery: dict[str, float | None] | None = None
+    # For a rate-limited downlink: what the server sent per second, and whether the delay kept growing.
+    downlink_rate: dict[str, float | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -124,6 +126,7 @@ def analyse(recording: CallRecording) -> CallReport:
 
     # Per frame: when its audio left the client (metadata) -> when it arrived.
     frame_latency = []
+    frame_latency_at = []
     stages: dict[str, list[float]] = {}
     open_by_frame = {}
     for i, number in enumerate(numbers):
@@ -136,6 +139,7 @@ def analyse(recording: CallRecording) -> CallReport:
             sent_at = analysis.sent_time(recording, round(audio_ms * 48) - OPUS_DELAY_SAMPLES)
             if sent_at is not None:
                 frame_latency.append((arrivals[i] - sent_at) * 1000.0)
+                frame_latency_at.append(float(arrivals[i]))
                 add_stages(stages, m.get("stages_ms") or {}, frame_latency[-1])
 
     motion = analysis.mouth_motion(recording) if recording.video.regions else np.zeros(0)
@@ -198,7 +202,44 @@ def analyse(recording: CallRecording) -> CallReport:
         mouth_correlation=None if mouth_corr is None else round(mouth_corr, 4),
         mouth_correlation_delay_ms=mouth_delay,
         delay_recovery=None if recovery is None else asdict(recovery),
+        downlink_rate=_downlink_rate(recording, frame_latency_at, frame_latency),
     )
+
+
+def _downlink_rate(
+    recording: CallRecording, latency_at: list[float], latency_ms: list[float]
+) -> dict[str, float | None] | None:
+    """Against the probe's downlink rate limit: the server's sending rate (bytes entering the limited link)
+    per second, the first second from which it stayed under the cap, and the frame latency (median) of the
+    call's first and second halves after its first 5 s (growing: the server sends more than the link takes).
+    """
+    network = recording.network
+    path = network.down if network is not None else None
+    if path is None or path.impairment.rate_kbps is None or path.stats.first_packet_at is None:
+        return None
+    cap = path.impairment.rate_kbps
+    kbps = [b * 8 / 1000.0 for b in path.stats.bytes_by_second[:-1]]  # the last second is partial
+    under_from = None
+    for second in range(len(kbps) - 1, -1, -1):
+        if kbps[second] > cap:
+            break
+        under_from = float(second)
+    start = path.stats.first_packet_at + 5.0
+    times, values = np.asarray(latency_at), np.asarray(latency_ms)
+    kept = times >= start
+    halves: list[float | None] = [None, None]
+    if kept.sum() >= 20:
+        middle = float(np.median(times[kept]))
+        for k, part in enumerate((kept & (times < middle), kept & (times >= middle))):
+            halves[k] = round(float(np.median(values[part])), 1)
+    return {
+        "cap_kbps": cap,
+        "sent_kbps_p50": round(float(np.median(kbps[5:])), 1) if len(kbps) > 5 else None,
+        "sent_kbps_max_after_5s": round(max(kbps[5:]), 1) if len(kbps) > 5 else None,
+        "under_cap_from_s": under_from,
+        "frame_latency_first_half_ms": halves[0],
+        "frame_latency_second_half_ms": halves[1],
+    }
 
 
 def _delay_recovery(

@@ -78,6 +78,7 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "late_frames": sum(r.late_frames for r in reports),
         "audio_returned_min": min((r.audio_returned for r in reports), default=0.0),
         "delay_recovery": [r.delay_recovery for r in reports if r.delay_recovery is not None],
+        "downlink_rate": [r.downlink_rate for r in reports if r.downlink_rate is not None],
         "mouth_correlation_min": min(
             (r.mouth_correlation for r in reports if r.mouth_correlation is not None), default=None
         ),
@@ -158,6 +159,20 @@ def format_recovery(recoveries: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def format_downlink_rate(rates: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rates:
+        n = {k: _number(v, ".0f") if not isinstance(v, str) else v for k, v in r.items()}
+        lines.append(
+            f"  downlink capped at {n['cap_kbps']} kbps: the server sent p50 {n['sent_kbps_p50']} kbps"
+            f" (max {n['sent_kbps_max_after_5s']} after 5 s), under the cap from second"
+            f" {n['under_cap_from_s']};"
+            f" frame latency p50 {n['frame_latency_first_half_ms']} -> {n['frame_latency_second_half_ms']} ms"
+            " (first -> second half)"
+        )
+    return lines
+
+
 def _number(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -180,6 +195,7 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
         f"  mouth follows speech: correlation min {_number(s.get('mouth_correlation_min'), '.3f')}",
         *format_recovery(s.get("delay_recovery") or []),
+        *format_downlink_rate(s.get("downlink_rate") or []),
         *format_stages(s.get("stages_ms") or {}),
         *format_network(s.get("network") or {}),
         f"  bursts: {s['bursts_detected']}/{s['bursts']} seen moving; black box and metadata agree within one"

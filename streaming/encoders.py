@@ -54,8 +54,12 @@ class Vp8Settings:
             raise ValueError(f"VP8 noise sensitivity must be {low}..{high}, got {self.noise_sensitivity}")
 
 
-def open_vp8(width: int, height: int, bitrate_bps: int, settings: Vp8Settings) -> Any:
-    """A libvpx encoder with aiortc's real-time CBR settings but ``settings``' speed and denoiser."""
+def open_vp8(
+    width: int, height: int, bitrate_bps: int, settings: Vp8Settings, *, cap_keyframes: bool = False
+) -> Any:
+    """A libvpx encoder with aiortc's real-time CBR settings but ``settings``' speed and denoiser;
+    ``cap_keyframes``: keyframes at most :data:`MAX_INTRA_RATE_PERCENT` of an average frame (always below
+    :data:`NARROW_LINK_BPS`)."""
     codec: Any = av.CodecContext.create("libvpx", "w")
     codec.width = width
     codec.height = height
@@ -77,10 +81,11 @@ def open_vp8(width: int, height: int, bitrate_bps: int, settings: Vp8Settings) -
         "static-thresh": "1",
         "undershoot-pct": "100",
     }
-    if bitrate_bps < NARROW_LINK_BPS:
+    if cap_keyframes or bitrate_bps < NARROW_LINK_BPS:
         # A keyframe (one a PLI asked for) at most 3x an average frame: a bigger one overruns a narrow link's
-        # queue, loses packets and is asked for again, and the picture never comes back. Not above: a capped
-        # keyframe starts the picture blurred and it sharpens over the next second.
+        # queue, loses packets and is asked for again, and the picture never comes back. Not for a call's
+        # first keyframe on a link not known to be narrow: capped, it starts the picture blurred and it
+        # sharpens over the next second.
         codec.options = {**codec.options, "max-intra-rate": str(MAX_INTRA_RATE_PERCENT)}
     codec.thread_count = vpx.number_of_threads(width * height, multiprocessing.cpu_count())
     return codec
@@ -96,6 +101,7 @@ class Vp8Encoder(vpx.Vp8Encoder):
         self.opened = 0  # codecs opened: the first frame, a new size, a bitrate change > 10 %
         self._remb_bps = vpx.DEFAULT_BITRATE  # the receiver's estimate (REMB)
         self._loss_cap_bps = MAX_BITRATE_BPS  # what the reported loss allows
+        self._keyframes_capped = False  # the open codec's keyframes are capped (max-intra-rate)
 
     @property
     def target_bitrate(self) -> int:
@@ -123,10 +129,23 @@ class Vp8Encoder(vpx.Vp8Encoder):
             frame.width != codec.width
             or frame.height != codec.height
             or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
+            # A keyframe asked for (PLI: the receiver lost one) from an encoder with uncapped keyframes:
+            # reopened capped, which makes that keyframe. An uncapped one on a narrow link overruns its
+            # queue, is lost again and asked for again, and the picture never comes back.
+            or (force_keyframe and not self._keyframes_capped)
         ):
             codec = None
         if codec is None:
-            codec = self.codec = open_vp8(frame.width, frame.height, self.target_bitrate, self.settings)
+            # The first open keeps a sharp first keyframe; every later one (the bitrate moved, a keyframe was
+            # lost) caps them.
+            self._keyframes_capped = self.opened > 0 or self.target_bitrate < NARROW_LINK_BPS
+            codec = self.codec = open_vp8(
+                frame.width,
+                frame.height,
+                self.target_bitrate,
+                self.settings,
+                cap_keyframes=self._keyframes_capped,
+            )
             self.opened += 1
         # The frame is the sender's own (each consumer wraps the shared picture in a frame of its own).
         frame.pict_type = av.video.frame.PictureType.I if force_keyframe else av.video.frame.PictureType.NONE

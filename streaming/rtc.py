@@ -82,20 +82,23 @@ class MarkerJitterBuffer(JitterBuffer):
         if now - self._stalled_since < VIDEO_GIVE_UP_MS / 1000.0:
             return pli, None
         self._stalled_since = now
-        self._skip_broken_frame()
+        self._skip_to_frame(packet.timestamp)
         return True, self._remove_frame(packet.sequence_number)
 
-    def _skip_broken_frame(self) -> None:
-        """Move the head past the missing packets and the rest of the frame they belonged to."""
+    def _skip_to_frame(self, timestamp: int) -> None:
+        """Drop everything before the first packet of the frame ``timestamp`` (the one arriving now).
+
+        The frames queued behind the broken one are dropped too: each predicts from the one before, so none
+        decodes right until the keyframe the PLI asks for, and keeping them (one released per packet that
+        arrives, as aiortc's receiver takes them) left the picture that many frames late for good; skipping
+        them one broken frame per wait made the lag grow by a wait per frame on a lossy link."""
         origin = self._origin
         assert origin is not None
-        slots = [self._packets[(origin + k) % self._capacity] for k in range(self._capacity)]
-        skip = next((k for k, p in enumerate(slots) if p is not None), 0)
-        broken = slots[skip].timestamp if slots[skip] is not None else None  # type: ignore[union-attr]
-        count = skip
-        while count < self._capacity and slots[count] is not None and slots[count].timestamp == broken:  # type: ignore[union-attr]
-            count += 1
-        self.remove(count)
+        for k in range(self._capacity):
+            slot = self._packets[(origin + k) % self._capacity]
+            if slot is not None and slot.timestamp == timestamp:
+                self.remove(k)
+                return
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
         if self._origin is None:

@@ -40,3 +40,21 @@ def test_video_frames_leave_on_their_marker_packet() -> None:
     assert frame is None  # (6 missing too)
     _, frame = jb.add(packet(6, 10800, b"z2"))
     assert frame is not None and frame.data == b"z1z2"  # ... released when the next frame starts
+
+
+def test_a_frame_given_up_takes_the_frames_queued_behind_it_along(monkeypatch) -> None:
+    import lipcast.streaming.rtc as rtc
+
+    now = [100.0]
+    monkeypatch.setattr(rtc.time, "monotonic", lambda: now[0])
+    jb = MarkerJitterBuffer()
+    assert jb.add(packet(1, 3600, b"a1"))[1] is None  # a2 (seq 2) never comes
+    for n in range(1, 5):  # frames 2..5 complete behind it: they predict from the broken one
+        now[0] += 0.040
+        assert jb.add(packet(2 * n + 1, 3600 * (n + 1), b"x"))[1] is None
+        assert jb.add(packet(2 * n + 2, 3600 * (n + 1), b"y", marker=1))[1] is None
+    now[0] += 0.050  # 210 ms since the stall began: give up
+    pli, frame = jb.add(packet(11, 3600 * 6, b"f1"))
+    assert pli and frame is None
+    pli, frame = jb.add(packet(12, 3600 * 6, b"f2", marker=1))
+    assert frame is not None and frame.data == b"f1f2"  # the newest frame at once, not five frames late
