@@ -8,7 +8,9 @@ DURATION_S=${DURATION_S:-60}
 PORT=${PORT:-8391}
 BIN=${BIN:-.venv/bin}
 DEFAULT_ROWS=""
-for spec in "clean|up" "loss=2%|up" "loss=5%,burst=4|up" "delay=50ms,jitter=30ms|up" "loss=2%|down" "rate=300kbps|down"; do
+# The jitter row impairs 10-40 s of the call: its delay during the jitter, and how soon after it is back.
+for spec in "clean|up" "loss=2%|up" "loss=5%,burst=4|up" "delay=50ms,jitter=30ms,from=10s,until=40s|up" \
+  "loss=2%|down" "rate=300kbps|down"; do
   for seed in 1 2 3; do DEFAULT_ROWS="$DEFAULT_ROWS $spec|$seed"; done
 done
 ROWS=${ROWS:-$DEFAULT_ROWS}
@@ -25,5 +27,7 @@ for row in $ROWS; do
   "$BIN/lipcast" probe "http://127.0.0.1:$PORT" --duration-s "$DURATION_S" --seed "$seed" --ice-address 127.0.0.1 \
     --video-release marker "${impair[@]}" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1
   echo "== $spec $dir seed $seed"
-  grep -E "audio in -> audio out|fps:|audio returned|impaired" "$OUT/$name.txt"
+  grep -E "audio in -> audio out|frame latency|fps:|audio returned|mouth follows|impaired|downlink capped" \
+    "$OUT/$name.txt"
 done
+"$BIN/python" benchmarks/networks_table.py "$OUT"
