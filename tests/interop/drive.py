@@ -21,6 +21,7 @@ import signal
 import struct
 import sys
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,14 @@ from lipcast.server.config import Settings
 from lipcast.server.sessions import Session
 from lipcast.server.state import RUNTIME
 from lipcast.streaming.rtc import JITTER_BUFFER_ATTRIBUTE, DiscardJitterBuffer, restrict_host_addresses
-from tests.browser.drive_call import DevTools, free_port, launch_browser, page_socket, stop_browser
+from tests.browser.drive_call import (
+    CHROMIUM_FLAGS,
+    DevTools,
+    free_port,
+    launch_browser,
+    page_socket,
+    stop_browser,
+)
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULES = HERE / "node_modules"
@@ -52,6 +60,7 @@ class Server:
         self.requests: list[dict[str, Any]] = []
         self.runner: web.AppRunner | None = None
         self.base = ""
+        self.port = 0
 
     async def start(self, static: dict[str, Path] | None = None) -> None:
         restrict_host_addresses([self.address])
@@ -61,9 +70,11 @@ class Server:
             app.router.add_static(prefix, folder)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, self.address, port).start()
-        self.base = f"http://{self.address}:{port}"
+        self.port = free_port()
+        # Every address of the namespace: clients use the LAN address, the browser page 127.0.0.1 (a secure
+        # context, which getUserMedia needs). ICE stays on the LAN address (restrict_host_addresses).
+        await web.TCPSite(self.runner, "0.0.0.0", self.port).start()
+        self.base = f"http://{self.address}:{self.port}"
         async with aiohttp.ClientSession() as http:  # ready once warmed up
             for _ in range(600):
                 async with http.get(f"{self.base}/readyz") as response:
@@ -88,6 +99,7 @@ class Server:
         }
         if request.method == "PATCH":
             entry["candidates"] = body.count("a=candidate:")
+            entry["mdns_candidates"] = body.count(".local ")
         self.requests.append(entry)
         return response
 
@@ -243,30 +255,49 @@ async def obs(server: Server, args: argparse.Namespace) -> dict[str, Any]:
 
 
 CHROMIUM_PAGE_POLL = "window.interop ? window.interop.poll() : null"
+# Chromium as a user has it: mDNS host candidates and no loopback (the drive_call flags without those two).
+CHROMIUM_AS_SHIPPED = [
+    f
+    for f in CHROMIUM_FLAGS
+    if f not in ("--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns")
+]
+
+
+def decoded_frames(poll: Any) -> int:
+    return int(((poll or {}).get("viewed") or {}).get("video", {}).get("framesDecoded") or 0)
 
 
 async def chromium(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    """The page publishes its fake microphone (WHIP) and watches the session (WHEP), both trickling."""
+    return await chromium_page(server, args, {})
+
+
+async def chromium_page(server: Server, args: argparse.Namespace, query: dict[str, str]) -> dict[str, Any]:
     devtools_port = free_port()
-    query = f"token={server.token}" if server.token else ""
-    url = f"{server.base}/interop/whip_whep_page.html?{query}"
-    # Chromium's defaults: mDNS host candidates (the page has a fake microphone, so the publisher's become
-    # real addresses; the viewer's stay .local) and candidates trickled by PATCH.
-    proc, profile = launch_browser(args.chromium, url, devtools_port)
+    if server.token:
+        query = {**query, "token": server.token}
+    url = f"http://127.0.0.1:{server.port}/interop/whip_whep_page.html?{urllib.parse.urlencode(query)}"
+    proc, profile = launch_browser(args.chromium, url, devtools_port, flags=CHROMIUM_AS_SHIPPED)
     polls: list[Any] = []
     try:
         async with aiohttp.ClientSession() as http:
             ws_url = await page_socket(http, devtools_port, time.monotonic() + 30)
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
                 tools = DevTools(ws)
-                publishing = observe_publisher(server, args.seconds + 2)
-                task = asyncio.ensure_future(publishing)
-                end = time.monotonic() + args.seconds + 4
-                while time.monotonic() < end and not task.done():
-                    polls.append(await tools.evaluate(CHROMIUM_PAGE_POLL))
-                    await asyncio.sleep(0.25)
-                seen = await task
-                polls.append(await tools.evaluate(CHROMIUM_PAGE_POLL))
-                await tools.evaluate("window.interop.stop()")
+                publishing = asyncio.ensure_future(observe_publisher(server, args.seconds))
+                deadline, first = time.monotonic() + args.seconds + 40, None
+                while time.monotonic() < deadline:
+                    poll = await tools.evaluate(CHROMIUM_PAGE_POLL)
+                    polls.append(poll)
+                    if first is None and decoded_frames(poll) > 0:
+                        first = time.monotonic()
+                    if (first is not None and time.monotonic() - first > args.seconds + 0.3) or (
+                        poll and poll.get("errors")
+                    ):
+                        break
+                    await asyncio.sleep(0.2)
+                seen = await publishing
+                await tools.evaluate("window.interop && window.interop.stop()")
                 await asyncio.sleep(0.5)
     finally:
         stop_browser(proc, profile)
@@ -285,7 +316,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = Server(args.address, args.token)
     static = (
         {"/interop/node_modules/": NODE_MODULES, "/interop/": HERE / "page"}
-        if args.client == "chromium"
+        if args.client.startswith("chromium")
         else {}
     )
     await server.start(static)
