@@ -7,7 +7,8 @@ the server saw (its requests, the session's inbound audio and video) and what th
 Clients: ``gst-whip`` and ``gst-whep`` (GStreamer's webrtcbin as a WHIP source trickling by PATCH and as a
 WHEP viewer: tests/interop/gst_client.py), ``obs`` (libdatachannel,
 OBS's WebRTC library, through node-datachannel: tests/interop/obs_whip.mjs), ``chromium`` (the npm package
-whip-whep's WHIPClient and WHEPClient in headless Chromium: tests/interop/whip_whep_page.html).
+whip-whep's WHIPClient and WHEPClient in headless Chromium: tests/interop/page/whip_whep_page.html), and
+``firefox`` (the same page in Firefox ESR, driven by Marionette).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import struct
 import sys
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,9 @@ async def obs(server: Server, args: argparse.Namespace) -> dict[str, Any]:
     return {"server": seen, "client": client_json(out, err), "packets_encoded": count}
 
 
-CHROMIUM_PAGE_POLL = "window.interop ? window.interop.poll() : null"
+PAGE_POLL = "window.interop ? window.interop.poll() : null"
+PAGE_STOP = "window.interop && window.interop.stop()"
+ASYNC_SCRIPT = "const done = arguments[arguments.length - 1]; Promise.resolve(%s).then(done, String);"
 # Chromium as a user has it: mDNS host candidates and no loopback (the drive_call flags without those two).
 CHROMIUM_AS_SHIPPED = [
     f
@@ -267,41 +270,95 @@ def decoded_frames(poll: Any) -> int:
     return int(((poll or {}).get("viewed") or {}).get("video", {}).get("framesDecoded") or 0)
 
 
+class PagePolls:
+    """The page's polls until ``seconds`` after its first decoded frame (or an error, or a deadline)."""
+
+    def __init__(self, seconds: float, timeout_s: float = 40.0) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds + timeout_s
+        self.first: float | None = None
+        self.polls: list[Any] = []
+
+    def add(self, poll: Any) -> bool:
+        """Keep ``poll``; whether polling is done."""
+        self.polls.append(poll)
+        now = time.monotonic()
+        if self.first is None and decoded_frames(poll) > 0:
+            self.first = now
+        if poll and poll.get("errors"):
+            return True
+        return now > self.deadline or (self.first is not None and now - self.first > self.seconds + 0.3)
+
+
+def page_url(server: Server) -> str:
+    """The whip-whep page, on 127.0.0.1 (a secure context, which getUserMedia needs)."""
+    query = f"?token={server.token}" if server.token else ""
+    return f"http://127.0.0.1:{server.port}/interop/whip_whep_page.html{query}"
+
+
 async def chromium(server: Server, args: argparse.Namespace) -> dict[str, Any]:
     """The page publishes its fake microphone (WHIP) and watches the session (WHEP), both trickling."""
-    return await chromium_page(server, args, {})
-
-
-async def chromium_page(server: Server, args: argparse.Namespace, query: dict[str, str]) -> dict[str, Any]:
     devtools_port = free_port()
-    if server.token:
-        query = {**query, "token": server.token}
-    url = f"http://127.0.0.1:{server.port}/interop/whip_whep_page.html?{urllib.parse.urlencode(query)}"
-    proc, profile = launch_browser(args.chromium, url, devtools_port, flags=CHROMIUM_AS_SHIPPED)
-    polls: list[Any] = []
+    proc, profile = launch_browser(args.chromium, page_url(server), devtools_port, flags=CHROMIUM_AS_SHIPPED)
+    polls = PagePolls(args.seconds)
     try:
         async with aiohttp.ClientSession() as http:
             ws_url = await page_socket(http, devtools_port, time.monotonic() + 30)
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
                 tools = DevTools(ws)
                 publishing = asyncio.ensure_future(observe_publisher(server, args.seconds))
-                deadline, first = time.monotonic() + args.seconds + 40, None
-                while time.monotonic() < deadline:
-                    poll = await tools.evaluate(CHROMIUM_PAGE_POLL)
-                    polls.append(poll)
-                    if first is None and decoded_frames(poll) > 0:
-                        first = time.monotonic()
-                    if (first is not None and time.monotonic() - first > args.seconds + 0.3) or (
-                        poll and poll.get("errors")
-                    ):
+                while True:
+                    if polls.add(await tools.evaluate(PAGE_POLL)):
                         break
                     await asyncio.sleep(0.2)
                 seen = await publishing
-                await tools.evaluate("window.interop && window.interop.stop()")
+                await tools.evaluate(PAGE_STOP)
                 await asyncio.sleep(0.5)
     finally:
         stop_browser(proc, profile)
-    return {"server": seen, "polls": polls}
+    return {"server": seen, "polls": polls.polls}
+
+
+# Firefox ESR through Marionette: a fake microphone without asking, and its own ICE defaults: host candidates
+# named by mDNS, gathered on the interface of the default route (the test's namespace has one).
+FIREFOX_PREFS = {
+    "media.navigator.streams.fake": True,
+    "media.navigator.permission.disabled": True,
+    "media.autoplay.default": 0,
+}
+
+
+def firefox_polls(args: argparse.Namespace, url: str) -> tuple[list[Any], str]:
+    """Open ``url`` in headless Firefox and poll it (Marionette is blocking: run in a thread)."""
+    from marionette_driver.marionette import Marionette
+
+    client = Marionette(
+        host="127.0.0.1",
+        port=free_port(),
+        bin=shutil.which(args.firefox) or args.firefox,
+        app="fxdesktop",
+        headless=True,
+        prefs=FIREFOX_PREFS,
+    )
+    polls = PagePolls(args.seconds)
+    try:
+        client.start_session()
+        version = str(client.session_capabilities.get("browserVersion"))
+        client.navigate(url)
+        while not polls.add(client.execute_async_script(ASYNC_SCRIPT % PAGE_POLL, sandbox=None)):
+            time.sleep(0.2)
+        client.execute_async_script(ASYNC_SCRIPT % PAGE_STOP, sandbox=None)
+        time.sleep(0.5)
+    finally:
+        client.cleanup()
+    return polls.polls, version
+
+
+async def firefox(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    """The same page as :func:`chromium` in Firefox ESR."""
+    publishing = asyncio.ensure_future(observe_publisher(server, args.seconds))
+    polls, version = await asyncio.to_thread(firefox_polls, args, page_url(server))
+    return {"server": await publishing, "polls": polls, "firefox": version}
 
 
 CLIENTS: dict[str, Callable[[Server, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
@@ -309,6 +366,7 @@ CLIENTS: dict[str, Callable[[Server, argparse.Namespace], Awaitable[dict[str, An
     "gst-whep": gst_whep,
     "obs": obs,
     "chromium": chromium,
+    "firefox": firefox,
 }
 
 
@@ -316,7 +374,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = Server(args.address, args.token)
     static = (
         {"/interop/node_modules/": NODE_MODULES, "/interop/": HERE / "page"}
-        if args.client.startswith("chromium")
+        if args.client in ("chromium", "firefox")
         else {}
     )
     await server.start(static)
@@ -335,6 +393,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--end-of-candidates", action="store_true", help="obs: the offer ends its candidates")
     parser.add_argument("--chromium", default="chromium")
+    parser.add_argument("--firefox", default="firefox-esr")
     parser.add_argument(
         "--setup", choices=("actpass", "passive"), default="actpass", help="gst-whep's a=setup"
     )

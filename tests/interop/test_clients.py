@@ -12,6 +12,7 @@ tests/interop); a client that is missing skips its test, saying how to install i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -55,6 +56,11 @@ needs_node_modules = pytest.mark.skipif(
     shutil.which("node") is None or not (NODE_MODULES / "node-datachannel").is_dir(),
     reason="node and tests/interop/node_modules are needed (`make test` runs npm ci in tests/interop)",
 )
+FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
+needs_firefox = pytest.mark.skipif(
+    FIREFOX is None or importlib.util.find_spec("marionette_driver") is None,
+    reason=f"Firefox ESR and marionette-driver are needed (Debian firefox-esr) {INSTALL_HINT}",
+)
 needs_whip_whep = pytest.mark.skipif(
     not (NODE_MODULES / "whip-whep" / "whip.js").is_file(),
     reason="the npm package whip-whep is not installed (`make test` runs npm ci in tests/interop)",
@@ -72,6 +78,7 @@ def lan(netns: str) -> Iterator[str]:
         f"ip addr add {PEER_ADDRESS}/24 dev lan1",
         "ip link set lan0 up",
         "ip link set lan1 up",
+        f"ip route add default via {PEER_ADDRESS} dev lan0",  # Firefox gathers on the default route's link
     ):
         subprocess.run(["ip", "netns", "exec", netns, *command.split()], check=True)
     yield netns
@@ -84,6 +91,8 @@ def drive(netns: str, client: str, *args: str, token: str | None = None) -> dict
     command += [*args, *(["--token", token] if token else [])]
     if client == "chromium":
         command += ["--chromium", str(CHROMIUM)]
+    if client == "firefox":
+        command += ["--firefox", str(FIREFOX)]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     result: dict[str, Any] = json.loads(run.stdout)
@@ -186,3 +195,24 @@ def test_whip_whep_library_in_chromium_publishes_and_watches(lan: str, token: st
     print(f"chromium whep: {fps:.2f} fps decoded, {audio:.3f} of the audio over {elapsed:.1f} s")
     assert elapsed >= SECONDS - 0.5 and fps >= MIN_FPS and audio >= MIN_AUDIO
     assert_authorized(result, token)
+
+
+@needs_firefox
+@needs_whip_whep
+def test_whip_whep_library_in_firefox_connects_with_mdns_candidates(lan: str) -> None:
+    """Firefox names its host candidates by mDNS and trickles them: lipcast resolves them off the answer's
+    path (or learns peer-reflexive ones) and the page publishes and watches as in Chromium."""
+    result = drive(lan, "firefox", token=TOKEN)
+    last = result["polls"][-1]
+    assert last and last["errors"] == [], last
+    assert_heard(result["server"])
+    patches = requests_of(result, "PATCH")
+    assert patches and all(p["status"] == 204 for p in patches), patches
+    print(
+        f"firefox {result['firefox']}: {sum(p['mdns_candidates'] for p in patches)} mDNS candidates trickled"
+    )
+    elapsed, frames, samples = window(result["polls"], SECONDS)
+    fps, audio = frames / elapsed, samples / (AUDIO_HZ * elapsed)
+    print(f"firefox whep: {fps:.2f} fps decoded, {audio:.3f} of the audio over {elapsed:.1f} s")
+    assert elapsed >= SECONDS - 0.5 and fps >= MIN_FPS and audio >= MIN_AUDIO
+    assert_authorized(result, TOKEN)
