@@ -377,8 +377,9 @@ class SessionManager:
             encode_audio_on_loop(pc.addTrack(track))
         if session.signalling == "whip":
             # WHIP clients such as OBS also send video; only the voice is used. Their video is taken
-            # (recvonly: what WHIP clients expect, where inactive left OBS's track closed) and dropped on
-            # arrival, never decoded; a client that also receives gets the avatar instead (sendonly).
+            # (recvonly, as WHIP servers answer a sendonly section) and dropped on arrival, never decoded
+            # (aiortc would decode it into an unbounded queue); a client that also receives gets the
+            # avatar instead (sendonly).
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "video":
                     transceiver.direction = "sendonly" if session.video in outgoing else "recvonly"
