@@ -339,6 +339,7 @@ def firefox_polls(args: argparse.Namespace, url: str) -> tuple[list[Any], str]:
         app="fxdesktop",
         headless=True,
         prefs=FIREFOX_PREFS,
+        gecko_log=os.devnull,  # not gecko.log in the working directory
     )
     polls = PagePolls(args.seconds)
     try:
