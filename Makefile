@@ -29,8 +29,15 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(BIN)/lipcast serve --host $(HOST) --port $(PORT)
 
+# The third-party WHIP/WHEP clients of tests/interop from npm (node-datachannel, whip-whep), as locked.
+INTEROP_NODE := tests/interop/node_modules/.installed
+$(INTEROP_NODE): tests/interop/package.json tests/interop/package-lock.json
+	if command -v npm >/dev/null 2>&1; then \
+		cd tests/interop && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "warning: npm not found; tests/interop's node clients will be skipped (make test-deps)" >&2; fi
+
 # Lint, types and the import layers first (seconds), then the tests.
-test: $(STAMP)
+test: $(STAMP) $(INTEROP_NODE)
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
@@ -45,7 +52,7 @@ test-wheel:
 docs: $(STAMP)
 	$(BIN)/python -m lipcast.server.config_doc > docs/configuration.md
 
-# The Debian packages of the system tests (chromium, nginx, iproute2); as root. .ci/run does this too.
+# The Debian packages of the system tests (chromium, nginx, iproute2, GStreamer, npm); as root. .ci/run too.
 test-deps:
 	bash .ci/install-test-packages
 

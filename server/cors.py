@@ -41,15 +41,16 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
         response.headers.add("Vary", "Origin")
 
 
-async def preflight(request: web.Request) -> web.Response:
-    """CORS preflight; never authenticated (browsers send no credentials with it)."""
+async def preflight(request: web.Request, methods: str = ALLOWED_METHODS) -> web.Response:
+    """CORS preflight and ``Allow`` (``methods``: what the resource takes); never authenticated (browsers
+    send no credentials with it)."""
     return web.Response(
         status=204,
         headers={
-            "Access-Control-Allow-Methods": ALLOWED_METHODS,
+            "Access-Control-Allow-Methods": methods,
             "Access-Control-Allow-Headers": ALLOWED_HEADERS,
             "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
-            "Allow": ALLOWED_METHODS,
+            "Allow": methods,
         },
     )
 

@@ -59,6 +59,12 @@ class ConflictError(ApiError):
     status = 409
 
 
+class PreconditionFailedError(ApiError):
+    """A conditional request (``If-Match``) whose condition does not hold."""
+
+    status = 412
+
+
 class PayloadTooLargeError(ApiError):
     status = 413
 
@@ -121,7 +127,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.status < 400:
             raise
         headers = {k: v for k, v in e.headers.items() if k.lower() not in ("content-type", "content-length")}
-        return json_error(e.status, e.reason, headers)
+        message = e.reason
+        if isinstance(e, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(e.allowed_methods))
+            message = f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
+        return json_error(e.status, message, headers)
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)
         return json_error(500, "internal server error")

@@ -26,6 +26,7 @@ from lipcast.server.state import CLOCK, METRICS, RUNTIME, SETTINGS, Runtime
 from lipcast.server.virtualcam import virtualcam_ctx
 from lipcast.streaming.clock import Clock
 from lipcast.streaming.codec_warmup import warm_media_path
+from lipcast.streaming.interop import use_interop
 from lipcast.streaming.rtc import (
     observe_encoding,
     use_congestion_control,
@@ -96,6 +97,7 @@ def create_process_app(
     use_fast_audio_level()  # the same audio level figure for a 20th of the CPU (every outbound packet)
     use_opus_fec()  # in-band FEC both ways: asked of callers in the answer, sent to them
     use_congestion_control()  # loss-based video bitrate, a retransmission budget
+    use_interop()  # DTLS and ICE as OBS, GStreamer and browsers expect (lipcast.streaming.interop)
     use_vp8_settings(settings.vp8())  # the callers' VP8 encoders: lipcast's settings, yuv420p taken as is
     if runtime_builder is not None:
         app[RUNTIME_BUILDER] = runtime_builder

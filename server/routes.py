@@ -57,6 +57,7 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def session_stats(request: web.Request) -> web.Response:
+    require_bearer(request)
     runtime = runtime_of(request)
     session = runtime.sessions.get(request.match_info["session_id"])
     stream, buffer = session.stream, session.buffer

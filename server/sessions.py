@@ -31,8 +31,9 @@ from lipcast.streaming.audio_buffer import InputAudioBuffer, make_input_buffer
 from lipcast.streaming.avatar_stream import AvatarStream, Renderer
 from lipcast.streaming.clock import Clock, MonotonicClock
 from lipcast.streaming.inbound import AudioIngest
+from lipcast.streaming.interop import answer_dtls_as_server
 from lipcast.streaming.offers import OfferSummary
-from lipcast.streaming.rtc import encode_audio_on_loop, tune_receiver_latency
+from lipcast.streaming.rtc import discard_received_media, encode_audio_on_loop, tune_receiver_latency
 from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from lipcast.streaming.vad import SpeechDetector
 from lipcast.streaming.wire import FrameMeta
@@ -377,11 +378,15 @@ class SessionManager:
         for track in outgoing:
             encode_audio_on_loop(pc.addTrack(track))
         if session.signalling == "whip":
-            # WHIP clients such as OBS also send video; only the voice is used, so the video section is
-            # answered without receiving (aiortc would otherwise decode it into an unbounded queue).
+            # WHIP clients such as OBS also send video; only the voice is used. Their video is taken
+            # (recvonly, as WHIP servers answer a sendonly section) and dropped on arrival, never decoded
+            # (aiortc would decode it into an unbounded queue); a client that also receives gets the
+            # avatar instead (sendonly).
             for transceiver in pc.getTransceivers():
                 if transceiver.kind == "video":
-                    transceiver.direction = "sendonly" if session.video in outgoing else "inactive"
+                    transceiver.direction = "sendonly" if session.video in outgoing else "recvonly"
+                    discard_received_media(transceiver.receiver)
+        answer_dtls_as_server(pc)
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
 

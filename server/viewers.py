@@ -25,6 +25,7 @@ from lipcast.server.peer import PeerEndpoint
 from lipcast.streaming.avatar_stream import AvatarStream
 from lipcast.streaming.encoders import Vp8Settings
 from lipcast.streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
+from lipcast.streaming.interop import answer_dtls_as_server
 from lipcast.streaming.offers import OfferSummary
 from lipcast.streaming.wire import FrameMeta
 
@@ -147,6 +148,7 @@ class SessionViewers:
             raise BadRequestError(
                 f"cannot answer the offer ({detail}); a viewer must accept VP8 video and Opus audio"
             ) from e
+        answer_dtls_as_server(pc)
         await pc.setLocalDescription(await pc.createAnswer())
         if self._closed:  # the session ended while this viewer was negotiating (its encoder is stopped)
             raise NotFoundError(f"session {self.session_id!r} has ended")

@@ -133,6 +133,28 @@ def tune_receiver_latency(receiver: RTCRtpReceiver, *, video: bool = False) -> b
     return True
 
 
+class DiscardJitterBuffer(JitterBuffer):
+    """Takes every packet and keeps none: nothing reaches the decoder (receiver reports still go out)."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=AUDIO_JITTER_CAPACITY_PACKETS)
+        self.discarded = 0
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        self.discarded += 1
+        return False, None
+
+
+def discard_received_media(receiver: RTCRtpReceiver) -> bool:
+    """Have a receiver drop what it receives, undecoded (a WHIP client's video: lipcast uses only the
+    voice). Returns whether the receiver was changed."""
+    if not isinstance(getattr(receiver, JITTER_BUFFER_ATTRIBUTE, None), JitterBuffer):
+        logger.warning("aiortc internals changed: received media is decoded, not discarded")
+        return False
+    setattr(receiver, JITTER_BUFFER_ATTRIBUTE, DiscardJitterBuffer())
+    return True
+
+
 def restrict_host_addresses(addresses: Sequence[str]) -> Callable[[], None]:
     """Offer only ``addresses`` as ICE host candidates (process-wide); returns what undoes it.
 

@@ -61,5 +61,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{count:4d}  {reason}")
     if any(INSTALL_HINT in reason for reason in reasons):
         terminalreporter.write_line(
-            f"To run them: `sudo {INSTALL_COMMAND}` (Debian's chromium, nginx, iproute2), then `make test`."
+            f"To run them: `sudo {INSTALL_COMMAND}` (Debian's chromium, nginx, iproute2, GStreamer, npm), "
+            "then `make test`."
         )

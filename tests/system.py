@@ -10,7 +10,8 @@ import pytest
 
 # Skip reasons that name a missing Debian package end with this: the test summary then says how to get it.
 INSTALL_HINT = "(make test-deps installs it)"
-INSTALL_COMMAND = "make test-deps"  # as root: .ci/install-test-packages (chromium, nginx, iproute2)
+# as root: .ci/install-test-packages (chromium, nginx, iproute2, GStreamer, npm)
+INSTALL_COMMAND = "make test-deps"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=f"chromium is not installed {INSTALL_HINT}")

@@ -67,14 +67,14 @@ POLL_JS = """
 
 
 def launch_browser(
-    chromium: str, url: str, devtools_port: int, *extra: str
+    chromium: str, url: str, devtools_port: int, *extra: str, flags: list[str] = CHROMIUM_FLAGS
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Headless Chromium on ``url`` with a fresh profile and a DevTools port; returns (process, profile)."""
     profile = tempfile.mkdtemp(prefix="lipcast-chromium-")
     proc = subprocess.Popen(
         [
             chromium,
-            *CHROMIUM_FLAGS,
+            *flags,
             *extra,
             f"--user-data-dir={profile}",
             f"--remote-debugging-port={devtools_port}",

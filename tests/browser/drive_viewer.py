@@ -109,7 +109,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if args.screenshot is not None:
                         shot = await tools.call("Page.captureScreenshot", {"format": "png"})
                         args.screenshot.write_bytes(base64.b64decode(shot["data"]))
-                async with http.get(f"{base}/sessions/{publisher.session_id}") as response:
+                async with http.get(
+                    f"{base}/sessions/{publisher.session_id}", headers={"Authorization": f"Bearer {TOKEN}"}
+                ) as response:
                     viewers = (await response.json())["viewers"]
             finally:
                 await publisher.close()

@@ -67,6 +67,19 @@ async def test_calls_are_spread_and_session_requests_reach_the_owner(aiohttp_cli
                 assert response.status == 200
                 assert response.headers[WORKER_HEADER] == str(owners[peer.session_id])
                 assert (await response.json())["session_id"] == peer.session_id
+        # Trickle ICE through the front: the fragment, If-Match and the ETag travel to the owner and back.
+        trickle = {"Content-Type": "application/trickle-ice-sdpfrag"}
+        fragment = "a=mid:0\r\na=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host\r\n"
+        async with client.patch(f"/whip/{b.session_id}", data=fragment, headers=trickle) as response:
+            assert response.status == 204 and response.headers[WORKER_HEADER] == str(owners[b.session_id])
+            etag = response.headers["ETag"]
+        stale = {**trickle, "If-Match": '"stale"'}
+        async with client.patch(f"/whip/{b.session_id}", data=fragment, headers=stale) as response:
+            assert response.status == 412 and etag in (await response.json())["error"]
+        async with client.patch(
+            f"/whip/{b.session_id}", data=fragment, headers={**trickle, "If-Match": etag}
+        ) as r:
+            assert r.status == 204
         async with client.get("/healthz") as response:
             health = await response.json()
         assert health["sessions"] == 2 and health["media_workers"]["count"] == 2

@@ -189,10 +189,12 @@ async def test_whip_create_delete_patch_and_links(aiohttp_client) -> None:
         '<turn:t.example.org>; rel="ice-server"; username="u"; credential="p"; credential-type="password"',
     ]
     assert response.headers["Access-Control-Expose-Headers"].startswith("Location")
-    assert (await client.get(location)).status == 204
-    trickle = {"Content-Type": "application/trickle-ice-sdpfrag"}
+    assert response.headers["ETag"].startswith('"')
+    get = await client.get(location)
+    assert get.status == 405 and get.headers["Allow"] == "DELETE,OPTIONS,PATCH"
+    trickle = {"Content-Type": "application/trickle-ice-sdpfrag", "If-Match": response.headers["ETag"]}
     patch = await client.patch(location, data="a=candidate:1 1 udp 1 127.0.0.1 9 typ host", headers=trickle)
-    assert patch.status == 501
+    assert patch.status == 204 and patch.headers["ETag"] == response.headers["ETag"]
     assert len(client.app[RUNTIME].sessions) == 1
     assert (await client.delete(location)).status == 200
     assert (await client.delete(location)).status == 404
@@ -248,7 +250,7 @@ async def test_whip_unknown_avatar_is_404_and_full_server_is_503(client) -> None
 
 async def test_unknown_resources_are_404_and_other_methods_405(client) -> None:
     assert (await client.delete("/whip/nope")).status == 404
-    assert (await client.get("/whip/nope")).status == 404
+    assert (await client.get("/whip/nope")).status == 405  # no GET on a WHIP resource, whichever
     assert (await client.patch("/whip/nope")).status == 404
     assert (await client.post("/whep/nope", data="v=0\r\n", headers=SDP)).status == 404
     assert (await client.delete("/whep/nope/viewers/nobody")).status == 404
@@ -327,8 +329,8 @@ async def test_whep_errors_leave_no_viewer_or_encoder(client) -> None:
     full_pc, full = await offer_sdp(audio="recvonly", video="recvonly")
     over = await client.post(endpoint, data=full, headers=SDP)  # max_viewers=1
     assert over.status == 503 and int(over.headers["Retry-After"]) > 0
-    assert (await client.get(location)).status == 204
-    assert (await client.patch(location)).status == 501
+    assert (await client.get(location)).status == 405
+    assert (await client.patch(location)).status == 415  # not a trickle-ice-sdpfrag
     assert (await client.delete(location)).status == 200
     assert (await client.delete(location)).status == 404
     assert len(session.viewers) == 0 and session.viewers.fanout is None
