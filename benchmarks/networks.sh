@@ -21,7 +21,7 @@ trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 for row in $ROWS; do
   spec=${row%%|*}; rest=${row#*|}; dir=${rest%%|*}; seed=${rest#*|}
-  name=$(echo "$spec-$dir-$seed" | tr -c 'a-zA-Z0-9=-' '_')
+  name=$(printf '%s' "$spec-$dir-$seed" | tr -c 'a-zA-Z0-9=-' '_')
   impair=()
   [ "$spec" = clean ] || impair=(--impair "$spec" --impair-direction "$dir")
   "$BIN/lipcast" probe "http://127.0.0.1:$PORT" --duration-s "$DURATION_S" --seed "$seed" --ice-address 127.0.0.1 \

@@ -34,7 +34,7 @@ def cells(report: dict[str, Any]) -> dict[str, str]:
 def main(out_dir: str) -> None:
     rows: dict[str, list[dict[str, str]]] = defaultdict(list)
     for path in sorted(Path(out_dir).glob("*.json")):
-        name = path.stem.rsplit("-", 1)[0]  # SPEC-DIR (the seed is the last part)
+        name = path.stem.rstrip("_").rsplit("-", 1)[0]  # SPEC-DIR (the seed is the last part)
         rows[name].append(cells(json.loads(path.read_text())))
     header = ("network", "audio in -> out p50 (ms)", "audio back", "longest video gap (ms)", "fps", "mouth")
     print("| " + " | ".join(header) + " |")

@@ -318,12 +318,14 @@ def delay_recovery(
     tolerance_ms: float = 20.0,
     bin_s: float = 1.0,
     settle_s: float = 2.0,
+    hold_s: float = 5.0,
 ) -> DelayRecovery | None:
     """How long after ``impaired_until`` the delay came back within ``tolerance_ms`` of its clean value.
 
     The clean value is the median delay from ``settle_s`` after the first chunk to ``impaired_from``; after
     the stretch the delay is taken per ``bin_s`` (its median), and the call has recovered at the start of the
-    first bin from which every later bin is within tolerance. None when there is no clean stretch to compare.
+    first bin from which ``hold_s`` of bins are all within tolerance (a later, unrelated stall does not undo
+    it). None when there is no clean stretch to compare.
     """
     if not len(times):
         return None
@@ -334,13 +336,15 @@ def delay_recovery(
         return None
     before = float(np.median(delays_ms[clean]))
     bins = np.floor((times[after] - impaired_until) / bin_s).astype(int)
-    medians = [float(np.median(delays_ms[after][bins == b])) for b in np.unique(bins)]
-    starts = np.unique(bins)
+    later = delays_ms[after]
+    within = {int(b): abs(float(np.median(later[bins == b])) - before) <= tolerance_ms for b in set(bins)}
+    held = max(1, round(hold_s / bin_s))
     recovered: float | None = None
-    for i in range(len(medians) - 1, -1, -1):
-        if abs(medians[i] - before) > tolerance_ms:
+    for first in sorted(within):
+        run = [within.get(first + k) for k in range(held)]
+        if all(ok is not None and ok for ok in run):
+            recovered = float(first * bin_s)
             break
-        recovered = float(starts[i] * bin_s)
     tail = after & (times >= times[-1] - 5.0)
     return DelayRecovery(
         before_ms=round(before, 1),
