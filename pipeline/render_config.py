@@ -26,7 +26,7 @@ class RenderConfig:
     wav2lip_compile_mode: str = COMPILE_MODE
     compile_cache_dir: Path | None = None
     musetalk_weights: Path | None = None  # the weights directory (pipeline/musetalk/weights.py)
-    musetalk_context_s: float = 10.0
+    musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins

@@ -76,7 +76,7 @@ class Settings:
     # MuseTalk (lipcast[musetalk]; docs/musetalk.md): the weights directory, the encoder's context of past
     # audio, the log-mel floor policy, and whether the VAE decodes only the rows the blend mask uses
     musetalk_weights: Path | None = None
-    musetalk_context_s: float = 10.0
+    musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
     # None ("adaptive", the default): from one frame up, following the observed jitter; a number: fixed ms

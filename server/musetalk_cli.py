@@ -40,8 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="without --weights: a random whisper-tiny (full) or the tests' small encoder",
     )
     p.add_argument("--lookahead-ms", default="0,40,80,120,200", help="comma-separated; inf: unlimited")
-    p.add_argument("--context-s", default="10", help="comma-separated contexts W")
-    p.add_argument("--rebase-s", type=float, default=None, help="how far the origin moves (default W/2)")
+    p.add_argument("--context-s", default="30,10/5", help="comma-separated contexts W or W/R (R: rebase)")
     p.add_argument("--floor", default="running,input", help="comma-separated floor policies (or numbers)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-sanity", action="store_true")

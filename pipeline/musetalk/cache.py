@@ -49,6 +49,21 @@ def compute_assets(avatar: Avatar, vae: Any, mode: str, device: torch.device | s
     return AvatarAssets(boxes, latents, jaw_masks(avatar, boxes))
 
 
+def prepare_cache(
+    avatar: Avatar, weights: Path, mode: str = "mean", device: torch.device | str = "cpu"
+) -> Path:
+    """``lipcast avatar prepare --backend musetalk``: encode the avatar with the VAE of ``weights`` and write
+    its cache (the server then adds the avatar without encoding it)."""
+    from lipcast.pipeline.musetalk.weights import find_weights, load_vae
+
+    if avatar.root is None:
+        raise ValueError(f"avatar {avatar.name!r} has no directory to cache into")
+    files = find_weights(weights)
+    vae = load_vae(files).to(device)
+    assets = compute_assets(avatar, vae, mode, device)
+    return write_cache(avatar.root, assets, files.fingerprint(), mode)
+
+
 def write_cache(root: Path, assets: AvatarAssets, vae_fingerprint: str, mode: str) -> Path:
     """Write the cache under ``root/musetalk`` (replacing one there), atomically."""
     work = root / f".{CACHE_DIR}.{secrets.token_hex(4)}"

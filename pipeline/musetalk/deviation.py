@@ -105,7 +105,9 @@ def _unlimited(audio: FloatArray, n: int, candidate: Candidate) -> list[FloatArr
         context_s=candidate.context_s, rebase_s=candidate.rebase_s, lookahead_ms=0.0, floor=candidate.floor
     )
     hop = featurizer.samples_per_frame
-    frames_per_piece = round(candidate.context_s * SAMPLE_RATE_HZ) // hop
+    frames_per_piece = featurizer.rebase_samples // hop
+    if featurizer.rebase_samples != featurizer.context_samples:
+        raise ValueError("the unlimited lookahead case needs rebase = context (whole pieces)")
     out: list[FloatArray] = []
     for first in range(0, n, frames_per_piece):
         stop = min(len(audio), (first + frames_per_piece) * hop)
@@ -155,11 +157,14 @@ def metrics(streamed: torch.Tensor, offline: torch.Tensor) -> dict[str, npt.NDAr
     return {"rel_l2": rel.double().numpy(), "cosine": cos.double().numpy()}
 
 
-def summarise(values: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_]) -> tuple[float, float] | None:
+def summarise(
+    values: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_], percentile: float = 95
+) -> tuple[float, float] | None:
+    """Mean and a percentile (the bad tail: 95 for distances, 5 for similarities) over the masked frames."""
     picked = values[mask]
     if picked.size == 0:
         return None
-    return float(picked.mean()), float(np.percentile(picked, 95))
+    return float(picked.mean()), float(np.percentile(picked, percentile))
 
 
 def run(
@@ -222,7 +227,7 @@ def _row(label: str, layer: int, rel: Any, cos: Any, masks: dict[str, Any]) -> d
     row: dict[str, Any] = {"candidate": label, "layer": layer}
     for name, mask in masks.items():
         row[f"{name}_rel_l2"] = summarise(rel, mask)
-        row[f"{name}_cos"] = None if cos is None else summarise(cos, mask)
+        row[f"{name}_cos"] = None if cos is None else summarise(cos, mask, 5)
     return row
 
 
@@ -238,7 +243,7 @@ def format_table(report: dict[str, Any]) -> str:
 
     lines = [
         "| candidate | l | speech rel-L2 mean / p95 | silence rel-L2 | boundary rel-L2 "
-        "| speech cosine mean / p95 |",
+        "| speech cosine mean / p5 |",
         "|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
@@ -255,13 +260,17 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_candidates(lookaheads: str, contexts: str, floors: str, rebase_s: float | None) -> list[Candidate]:
+def parse_candidates(lookaheads: str, contexts: str, floors: str) -> list[Candidate]:
+    """Every combination; a context is ``W`` or ``W/R`` (R: how far the origin moves; default W)."""
     out = []
     for look, context, floor in itertools.product(
         lookaheads.split(","), contexts.split(","), floors.split(",")
     ):
         value = None if look.strip() in ("inf", "unlimited") else float(look)
-        out.append(Candidate(value, float(context), rebase_s, floor.strip()))
+        width, _, rebase = context.partition("/")
+        if value is None and rebase and float(rebase) != float(width):
+            continue  # unlimited lookahead means whole pieces: rebase = context only
+        out.append(Candidate(value, float(width), float(rebase) if rebase else None, floor.strip()))
     return out
 
 
@@ -277,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
         configs = tiny_configs() if args.random == "tiny" else full_configs()
         encoder = random_models(configs).whisper
     encoder = encoder.to(device).float().eval()
-    candidates = parse_candidates(args.lookahead_ms, args.context_s, args.floor, args.rebase_s)
+    candidates = parse_candidates(args.lookahead_ms, args.context_s, args.floor)
     report = run(args.recordings, candidates, encoder, device, sanity=not args.no_sanity)
     report["weights"] = str(args.weights) if args.weights else f"random {args.random}"
     report["device"] = str(device)

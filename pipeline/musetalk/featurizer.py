@@ -5,11 +5,12 @@ runs on the GPU in the same batch as the UNet (36.9 GFLOP per frame, +4.6 % of a
 worker's CPU only extends a log-mel. The decisions (docs/musetalk.md has the measured deviation):
 
 =================  ===========================================================================================
-context W          ``context_s`` (default 10 s) of past audio in the encoder's 30 s input
+context W          ``context_s`` (default 30 s) of past audio at most in the encoder's 30 s input
 placement          start-aligned, as in training and the reference: the input holds the audio from an origin
                    to now, zero-padded to 30 s; the origin is the call's start and moves on by ``rebase_s``
-                   (default W/2) whenever the input would exceed W, so every frame sees 5-10 s of the past at
-                   positions 250-500 of the 1500 (the reference's frames sit at 0-1500 of their piece)
+                   (default W) whenever the input would exceed W. The defaults are the reference's own 30 s
+                   pieces from the call's start; a shorter W (with rebase W/2, say) keeps W/2..W of the past
+                   at positions 25 W .. 50 W of the 1500 instead (docs/musetalk.md: measured deviation)
 lookahead Λ        ``lookahead_ms`` after the frame's end, a multiple of 40 ms (0 .. 200; default 80, the
                    least at which no slot of the window is zero: slot 9 is centred 60 ms after the frame's
                    end). Paid in latency one to one: the outgoing audio is delayed by Λ
@@ -24,7 +25,7 @@ frame truncation   feature frames at or after ``A = floor(50 t)`` (integers) are
                    frame's features equal the offline features of the recording truncated at t)
 =================  ===========================================================================================
 
-With ``context_s = rebase_s = 30``, the ``input`` floor and an unlimited lookahead this is the reference's
+With the default context and rebase, the ``input`` floor and an unlimited lookahead this is the reference's
 own piece layout, and its windows equal the offline features exactly (away from the first 80 ms after a
 30 s boundary, whose slots before the piece's origin the reference takes from the previous piece:
 :mod:`.deviation` checks this).
@@ -55,7 +56,7 @@ from lipcast.pipeline.timing import FPS
 
 FloatArray = npt.NDArray[np.float32]
 
-DEFAULT_CONTEXT_S = 10.0
+DEFAULT_CONTEXT_S = 30.0
 DEFAULT_LOOKAHEAD_MS = 80.0
 LOOKAHEAD_STEP_MS = 40.0
 MAX_LOOKAHEAD_MS = 200.0
@@ -80,7 +81,7 @@ def check_settings(context_s: float, rebase_s: float | None, lookahead_ms: float
     """ValueError for settings the featurizer cannot honour."""
     if not 1.0 <= context_s <= 30.0 or abs(context_s * 25 - round(context_s * 25)) > 1e-9:
         raise ValueError(f"musetalk context {context_s:g} s: between 1 and 30 s, in steps of 40 ms")
-    rebase = context_s / 2 if rebase_s is None else rebase_s
+    rebase = context_s if rebase_s is None else rebase_s
     if not 0.04 <= rebase <= context_s or abs(rebase * 25 - round(rebase * 25)) > 1e-9:
         raise ValueError(f"musetalk rebase {rebase:g} s: up to the context, in steps of 40 ms")
     if lookahead_ms < 0 or lookahead_ms > MAX_LOOKAHEAD_MS or lookahead_ms % LOOKAHEAD_STEP_MS:
@@ -121,7 +122,7 @@ class MuseTalkFeaturizer:
             raise ValueError("the musetalk featurizer runs at 25 fps (the model's training rate)")
         self.samples_per_frame = SAMPLE_RATE_HZ // fps
         self.context_samples = round(context_s * SAMPLE_RATE_HZ)
-        self.rebase_samples = round((context_s / 2 if rebase_s is None else rebase_s) * SAMPLE_RATE_HZ)
+        self.rebase_samples = round((context_s if rebase_s is None else rebase_s) * SAMPLE_RATE_HZ)
         self.lag_frames = int(lookahead_ms // LOOKAHEAD_STEP_MS)
         self.floor = parse_floor(floor)
         self.shape = conditioning_shape(context_s)

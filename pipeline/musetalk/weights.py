@@ -220,10 +220,7 @@ def load_models(root: Path, *, check_configs: bool = True) -> MuseTalkModels:
     except Exception as e:  # pickle and zip errors have many types
         raise MuseTalkWeightsError(f"{files.unet}: cannot read ({type(e).__name__}: {e})") from e
     load_state_into(unet, state, files.unet)
-    try:
-        vae = diffusers.AutoencoderKL.from_pretrained(str(files.vae_dir), local_files_only=True)
-    except Exception as e:
-        raise MuseTalkWeightsError(f"{files.vae_dir}: cannot load the VAE ({type(e).__name__}: {e})") from e
+    vae = load_vae(files)
     try:
         whisper = transformers.WhisperModel.from_pretrained(str(files.whisper_dir), local_files_only=True)
     except Exception as e:
@@ -232,6 +229,16 @@ def load_models(root: Path, *, check_configs: bool = True) -> MuseTalkModels:
         ) from e
     encoder = whisper.get_encoder()
     return MuseTalkModels(unet, vae, encoder, configs).eval()
+
+
+def load_vae(files: WeightFiles) -> Any:
+    """The VAE alone (avatar preparation needs only its encoder), in eval mode."""
+    diffusers, _ = import_libraries()
+    try:
+        vae = diffusers.AutoencoderKL.from_pretrained(str(files.vae_dir), local_files_only=True)
+    except Exception as e:
+        raise MuseTalkWeightsError(f"{files.vae_dir}: cannot load the VAE ({type(e).__name__}: {e})") from e
+    return vae.eval().requires_grad_(False)
 
 
 def random_models(configs: ModelConfigs, seed: int = 0) -> MuseTalkModels:

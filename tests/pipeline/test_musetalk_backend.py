@@ -156,7 +156,7 @@ def test_the_avatar_cache_round_trips_and_is_ignored_for_other_weights(avatar, t
 
 
 def test_gpu_free_defaults(backend: MuseTalkBackend) -> None:
-    assert backend.lookahead_ms == 80.0 and backend.conditioning_shape == (81, 1002)
+    assert backend.lookahead_ms == 80.0 and backend.conditioning_shape == (81, 3000)
     assert backend.dtype == torch.float32 and backend.check_fp16() == {}
     timings = backend.warmup()
     assert sorted(timings) == [1, 2, 4]

@@ -180,7 +180,7 @@ def test_featurizer_shape_lag_and_settings() -> None:
 
 
 def test_the_origin_moves_on_so_the_input_never_exceeds_the_context() -> None:
-    featurizer = MuseTalkFeaturizer(context_s=2, rebase_s=1, lookahead_ms=0)
+    featurizer = MuseTalkFeaturizer(context_s=2, rebase_s=1, lookahead_ms=0)  # W/2
     audio = speechy(5.0)
     starts = []
     for i in range(len(audio) // 640):

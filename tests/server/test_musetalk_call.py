@@ -1,0 +1,60 @@
+"""A call through the server with a tiny random MuseTalk on the CPU: audio in, lip-synced video out at the
+media clock's rate, every speaking frame rendered or dropped at its deadline (as the Wav2Lip call test)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lipcast.probe import report
+from lipcast.probe.client import call
+from lipcast.server.app import create_app
+from lipcast.server.config import Settings
+from lipcast.server.state import RUNTIME
+from tests.fakes import speech_pattern, to_int16
+from tests.pipeline.musetalk_fixtures import tiny_checkpoint
+
+pytestmark = [pytest.mark.usefixtures("loopback_ice"), pytest.mark.slow]
+
+PATTERN = [("silence", 1.0), ("speech", 1.5), ("silence", 1.0), ("speech", 1.5), ("silence", 1.0)]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("musetalk"))
+
+
+async def test_musetalk_call_on_cpu(aiohttp_client, weights: Path) -> None:
+    settings = Settings(
+        backend="musetalk",
+        musetalk_weights=weights,
+        device="cpu",
+        torch_threads=1,
+        render_budget_ms=1000,
+        batch_sizes=(1, 2, 4),
+    )
+    client = await aiohttp_client(create_app(settings))
+    runtime = client.app[RUNTIME]
+    assert runtime.backend.name == "musetalk" and runtime.backend.lookahead_ms == 80.0
+    sent = to_int16(speech_pattern(PATTERN))
+    recording = await call(str(client.make_url("")).rstrip("/"), sent, tail_s=1.5, http=client.session)
+    result = report.analyse(recording)
+    frames = [m for _, m in recording.meta]
+    active = [m for m in frames if m["active"]]
+    stats = runtime.engine.stats
+    print(f"musetalk on CPU: fps {result.fps:.2f}, {len(active)} speaking frames; {stats}")
+    assert 20.0 <= result.fps <= 26.0, result.fps
+    assert np.all(np.diff(recording.video.pts) > 0), "frames out of order"
+    assert result.audio_returned >= 0.99 and result.freezes == 0, result
+    assert len(active) >= 50
+    submitted = runtime.sessions.totals()["frames_rendered"]
+    for _ in range(200):
+        if stats.frames + stats.expired + stats.cancelled == submitted:
+            break
+        await asyncio.sleep(0.05)
+    assert stats.frames + stats.expired + stats.cancelled == submitted, (stats, submitted)
+    assert stats.failed_batches == 0 and stats.frames > 0, stats
+    assert sum(1 for m in active if not m["late"]) > 0, "no rendered frame arrived in time"
