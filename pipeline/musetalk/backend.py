@@ -57,7 +57,7 @@ from lipcast.pipeline.musetalk.mel import N_MELS, PIECE_COLUMNS, SAMPLE_RATE_HZ
 from lipcast.pipeline.musetalk.weights import MuseTalkModels, find_weights, load_models
 from lipcast.pipeline.timing import FPS
 from lipcast.pipeline.warmup import speech_like_audio, time_batch_sizes
-from lipcast.pipeline.wav2lip.gather import gather_rows
+from lipcast.pipeline.wav2lip.gather import gather_rows, rows_without
 from lipcast.pipeline.wav2lip.tables import CANVAS_MULTIPLE_PX, AvatarEntry, batch_rows, remove_entry
 
 logger = logging.getLogger(__name__)
@@ -233,8 +233,7 @@ class MuseTalkBackend:
     def _remove_avatar(self, name: str) -> None:
         entry = remove_entry(self._avatars, name)
         total = int(self._geometry.shape[0])
-        keep = torch.cat((torch.arange(entry.offset), torch.arange(entry.offset + entry.count, total)))
-        keep = keep.to(self.device)
+        keep = rows_without(entry.offset, entry.count, total, self.device)
         with self._on_stream():
             self._latents = gather_rows(self._latents, keep)
             self._base = self._base.index_select(0, keep)

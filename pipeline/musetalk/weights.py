@@ -39,6 +39,7 @@ from lipcast.pipeline.musetalk.config import (
     ModelConfigs,
     check_config,
 )
+from lipcast.pipeline.wav2lip.checkpoint import state_dict_problems
 
 UNET_WEIGHTS = "musetalkV15/unet.pth"
 UNET_JSON = "musetalkV15/musetalk.json"
@@ -54,7 +55,6 @@ REQUIRED_FILES = (
     "whisper/config.json",
     WHISPER_PREPROCESSOR_JSON,
 )
-MAX_LISTED_KEYS = 6
 # In musetalk.json: the networks are a small configuration of the same classes (tests, dry runs); only the
 # keys that fix the model's interfaces are checked then.
 SMALL_MARKER = "_lipcast_small"
@@ -162,32 +162,14 @@ def read_configs(files: WeightFiles, *, check: bool = True) -> ModelConfigs:
     return ModelConfigs(unet, vae, whisper)
 
 
-def _listing(keys: list[str]) -> str:
-    more = len(keys) - MAX_LISTED_KEYS
-    return ", ".join(keys[:MAX_LISTED_KEYS]) + (f", ... and {more} more" if more > 0 else "")
-
-
 def load_state_into(model: torch.nn.Module, state: Any, source: Path) -> None:
     """A strict load that names missing, unexpected and mis-shaped keys instead of torch's wall of text."""
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise MuseTalkWeightsError(
             f"{source}: not a plain state dict of tensors (a diffusers UNet's is expected)"
         )
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    misshaped = sorted(
-        f"{k} {tuple(state[k].shape)} (expected {tuple(expected[k].shape)})"
-        for k in set(state) & set(expected)
-        if state[k].shape != expected[k].shape
-    )
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing keys: {_listing(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected keys: {_listing(unexpected)}")
-    if misshaped:
-        problems.append(f"{len(misshaped)} keys of another shape: {_listing(misshaped)}")
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    problems = state_dict_problems(expected, state)
     if problems:
         raise MuseTalkWeightsError(f"{source} does not fit the configured UNet: {'; '.join(problems)}")
     model.load_state_dict(state, strict=True)
