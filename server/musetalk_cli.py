@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookahead-ms", default="0,40,80,120,200", help="comma-separated; inf: unlimited")
     p.add_argument("--context-s", default="30,10/5", help="comma-separated contexts W or W/R (R: rebase)")
     p.add_argument("--floor", default="running,input", help="comma-separated floor policies (or numbers)")
+    p.add_argument(
+        "--mel-only",
+        action="store_true",
+        help="only the encoder's input: each window's log-mel columns (no encoder, weight-free, fast)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--no-sanity", action="store_true")
     p.add_argument("--json", default="")

@@ -135,6 +135,52 @@ def windows_of(encoder: Any, conds: FloatArray, device: torch.device) -> torch.T
     return torch.cat(out)
 
 
+MEL_REACH = 12  # log-mel columns a window's 10 feature slots read on each side of 4 f (two convolutions)
+FRAMES_PER_PIECE = 750
+
+
+def offline_mel_windows(audio: FloatArray) -> FloatArray:
+    """(n, 80, 24) float32: each frame's log-mel columns ``4 f - 12 .. 4 f + 11`` of its offline 30 s piece
+    (zero outside the piece), the encoder input its window reads."""
+    from lipcast.pipeline.musetalk.mel import reference_log_mel
+
+    n, _ = frame_counts(len(audio))
+    out = np.zeros((n, 80, 2 * MEL_REACH), np.float32)
+    for first in range(0, n, FRAMES_PER_PIECE):
+        piece = reference_log_mel(audio[first * 640 : (first + FRAMES_PER_PIECE) * 640])
+        for f in range(first, min(n, first + FRAMES_PER_PIECE)):
+            out[f] = _columns_around(piece, 4 * (f - first), piece.shape[1], 0.0)
+    return out
+
+
+def streamed_mel_windows(conds: FloatArray) -> FloatArray:
+    """The same columns of each frame's live encoder input (its conditioning, silent columns filled in)."""
+    out = np.zeros((len(conds), 80, 2 * MEL_REACH), np.float32)
+    for i, cond in enumerate(conds):
+        frame = (int(cond[META_ROW, META_START]) + 4) // 2  # relative to the origin
+        full = np.full((80, 3000), cond[META_ROW, META_PAD], np.float32)
+        full[:, : cond.shape[1]] = cond[:80, :3000]
+        out[i] = _columns_around(full, 4 * frame, 3000, 0.0)
+    return out
+
+
+def _columns_around(mel: FloatArray, centre: int, width: int, fill: float) -> FloatArray:
+    window = np.full((80, 2 * MEL_REACH), fill, np.float32)
+    lo, hi = centre - MEL_REACH, centre + MEL_REACH
+    a, b = max(lo, 0), min(hi, width)
+    if b > a:
+        window[:, a - lo : b - lo] = mel[:, a:b]
+    return window
+
+
+def mel_rel_l2(streamed: FloatArray, offline: FloatArray) -> npt.NDArray[np.float64]:
+    """Per frame: |streamed - offline| / |offline| of the window's log-mel columns (weight-free)."""
+    diff = np.linalg.norm((streamed - offline).reshape(len(offline), -1), axis=1)
+    return (diff / np.maximum(np.linalg.norm(offline.reshape(len(offline), -1), axis=1), 1e-12)).astype(
+        np.float64
+    )
+
+
 def frame_classes(audio: FloatArray, n: int) -> dict[str, npt.NDArray[np.bool_]]:
     hop = SAMPLE_RATE_HZ // 25
     rms = np.array([np.sqrt(np.mean(audio[f * hop : (f + 1) * hop] ** 2) + 1e-12) for f in range(n)])
@@ -170,7 +216,7 @@ def summarise(
 def run(
     recordings: list[Path],
     candidates: list[Candidate],
-    encoder: Any,
+    encoder: Any | None,
     device: torch.device,
     sanity: bool = True,
 ) -> dict[str, Any]:
@@ -179,11 +225,12 @@ def run(
     classes_all: list[dict[str, npt.NDArray[np.bool_]]] = []
     floor_rel: list[npt.NDArray[np.float64]] = []
     sanity_max = 0.0
-    half = _half_copy(encoder) if device.type == "cuda" else None
+    mel_rows: dict[str, list[npt.NDArray[np.float64]]] = {}
+    half = _half_copy(encoder) if encoder is not None and device.type == "cuda" else None
     for path in recordings:
         audio = read_recording(path)
-        offline = offline_windows(encoder, audio, device).cpu()
-        n = len(offline)
+        n, _ = frame_counts(len(audio))
+        offline_mel = offline_mel_windows(audio)
         classes = frame_classes(audio, n)
         classes_all.append(classes)
         report["recordings"].append(
@@ -194,6 +241,22 @@ def run(
                 **{k: int(v.sum()) for k, v in classes.items()},
             }
         )
+        for candidate in candidates:
+            conds = stream_conditionings(audio, candidate)
+            mel_rows.setdefault(candidate.label, []).append(
+                mel_rel_l2(streamed_mel_windows(conds), offline_mel)
+            )
+            if encoder is None:
+                continue
+            streamed = windows_of(encoder, conds, device).cpu()
+            offline = _offline(encoder, audio, device)
+            result = metrics(streamed, offline)
+            store = per_candidate.setdefault(candidate.label, {"rel_l2": [], "cosine": []})
+            store["rel_l2"].append(result["rel_l2"])
+            store["cosine"].append(result["cosine"])
+        if encoder is None:
+            continue
+        offline = _offline(encoder, audio, device)
         if half is not None:
             floor_rel.append(metrics(offline_windows(half, audio, device).cpu().float(), offline)["rel_l2"])
         if sanity:
@@ -201,12 +264,6 @@ def run(
             streamed = windows_of(encoder, stream_conditionings(audio, exact), device).cpu()
             away = ~classes["boundary"]
             sanity_max = max(sanity_max, float((streamed[away] - offline[away]).abs().max()))
-        for candidate in candidates:
-            streamed = windows_of(encoder, stream_conditionings(audio, candidate), device).cpu()
-            result = metrics(streamed, offline)
-            store = per_candidate.setdefault(candidate.label, {"rel_l2": [], "cosine": []})
-            store["rel_l2"].append(result["rel_l2"])
-            store["cosine"].append(result["cosine"])
     masks = {k: np.concatenate([c[k] for c in classes_all]) for k in ("speech", "silence", "boundary")}
     if floor_rel:
         stacked = np.concatenate(floor_rel)
@@ -214,16 +271,30 @@ def run(
             report["rows"].append(
                 _row("fp16 offline (precision floor)", layer, stacked[:, layer], None, masks)
             )
+    for label, values in mel_rows.items():
+        report["rows"].append(_row(label, "mel", np.concatenate(values), None, masks))
     for label, store in per_candidate.items():
         rel = np.concatenate(store["rel_l2"])
         cos = np.concatenate(store["cosine"])
         for layer in range(HIDDEN_STATES):
             report["rows"].append(_row(label, layer, rel[:, layer], cos[:, layer], masks))
-    report["sanity_max_abs"] = sanity_max if sanity else None
+    report["sanity_max_abs"] = sanity_max if sanity and encoder is not None else None
     return report
 
 
-def _row(label: str, layer: int, rel: Any, cos: Any, masks: dict[str, Any]) -> dict[str, Any]:
+_OFFLINE_CACHE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _offline(encoder: Any, audio: FloatArray, device: torch.device) -> torch.Tensor:
+    """The offline windows of ``audio`` (computed once per recording)."""
+    key = (id(audio), len(audio))
+    if key not in _OFFLINE_CACHE:
+        _OFFLINE_CACHE.clear()
+        _OFFLINE_CACHE[key] = offline_windows(encoder, audio, device).cpu()
+    return _OFFLINE_CACHE[key]
+
+
+def _row(label: str, layer: int | str, rel: Any, cos: Any, masks: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"candidate": label, "layer": layer}
     for name, mask in masks.items():
         row[f"{name}_rel_l2"] = summarise(rel, mask)
@@ -280,15 +351,19 @@ def main(args: argparse.Namespace) -> int:
     device = torch.device(
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
+    encoder: Any = None
     if args.weights is not None:
         encoder = load_models(args.weights).whisper
-    else:
+    elif not args.mel_only:
         configs = tiny_configs() if args.random == "tiny" else full_configs()
         encoder = random_models(configs).whisper
-    encoder = encoder.to(device).float().eval()
+    if encoder is not None:
+        encoder = encoder.to(device).float().eval()
     candidates = parse_candidates(args.lookahead_ms, args.context_s, args.floor)
     report = run(args.recordings, candidates, encoder, device, sanity=not args.no_sanity)
-    report["weights"] = str(args.weights) if args.weights else f"random {args.random}"
+    report["weights"] = (
+        str(args.weights) if args.weights else ("none" if args.mel_only else f"random {args.random}")
+    )
     report["device"] = str(device)
     print(format_table(report))
     if args.json:

@@ -189,3 +189,27 @@ def test_the_origin_moves_on_so_the_input_never_exceeds_the_context() -> None:
         starts.append(cond[META_ROW, META_START])
     assert min(starts[60:]) >= 46  # after a rebase the frame sits >= 1 s into the input
     assert max(starts) <= 2 * 50 - 6
+
+
+def test_deviation_tool_sanity_case_and_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import wave
+
+    from lipcast.pipeline.musetalk.deviation import Candidate, format_table, run
+
+    audio = np.concatenate([speechy(1.2, seed=5), np.zeros(8000, np.float32), speechy(1.0, seed=6)])
+    path = tmp_path / "speech.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((audio * 32767).astype(np.int16).tobytes())
+    candidates = [Candidate(None, 30.0, None, "input"), Candidate(80.0, 30.0, None, "running")]
+    report = run([path], candidates, tiny_models().whisper, torch.device("cpu"))
+    assert report["sanity_max_abs"] == 0.0
+    rows = {(r["candidate"], r["layer"]): r for r in report["rows"]}
+    exact = rows[("L=infms W=30s floor=input", "mel")]
+    assert exact["speech_rel_l2"] == (0.0, 0.0) and exact["silence_rel_l2"] == (0.0, 0.0)
+    live = rows[("L=80ms W=30s floor=running", 0)]
+    assert live["speech_rel_l2"][0] > 0
+    table = format_table(report)
+    assert "| L=80ms W=30s floor=running | mel |" in table and "sanity" in table
