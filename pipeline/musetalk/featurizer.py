@@ -7,10 +7,11 @@ worker's CPU only extends a log-mel. The decisions (docs/musetalk.md has the mea
 =================  ===========================================================================================
 context W          ``context_s`` (default 30 s) of past audio at most in the encoder's 30 s input
 placement          start-aligned, as in training and the reference: the input holds the audio from an origin
-                   to now, zero-padded to 30 s; the origin is the call's start and moves on by ``rebase_s``
-                   (default W) whenever the input would exceed W. The defaults are the reference's own 30 s
-                   pieces from the call's start; a shorter W (with rebase W/2, say) keeps W/2..W of the past
-                   at positions 25 W .. 50 W of the 1500 instead (docs/musetalk.md: measured deviation)
+                   to now (at most W), zero-padded to 30 s; the origin is the call's start and moves on by
+                   ``rebase_s`` (default W) once the frame to emit starts past W (whole pieces: the
+                   reference's own 30 s layout by default; a frame in a piece's last Λ is still emitted from
+                   its piece, its lookahead cut at the piece's end as the reference's is) or, with a sliding
+                   input (rebase < W), as soon as its lookahead would not fit
 lookahead Λ        ``lookahead_ms`` after the frame's end, a multiple of 40 ms (0 .. 200; default 80, the
                    least at which no slot of the window is zero: slot 9 is centred 60 ms after the frame's
                    end). Paid in latency one to one: the outgoing audio is delayed by Λ
@@ -160,6 +161,7 @@ class MuseTalkFeaturizer:
         frame = self._pushes - 1 - self.lag_frames
         if frame < 0:
             return self.silence()
+        self._rebase_for(frame)
         return self.conditioning(frame)
 
     def silence(self) -> FloatArray:
@@ -170,34 +172,57 @@ class MuseTalkFeaturizer:
         out[META_ROW, META_START] = -float(2 * self.shape[1])  # every slot before the origin
         return out
 
-    def _append(self, hop: FloatArray) -> None:
-        if len(self._samples) + len(hop) > self.context_samples:
-            self._rebase()
-        self._samples = np.concatenate((self._samples, hop))
-        complete = complete_columns(len(self._samples))
+    def _input(self) -> FloatArray:
+        """The encoder's audio: from the origin, at most the context (later audio waits for a rebase)."""
+        return self._samples[: self.context_samples]
+
+    def _append(self, audio: FloatArray) -> None:
+        self._samples = np.concatenate((self._samples, audio))
+        self._extend_columns()
+
+    def _extend_columns(self) -> None:
+        current = self._input()
+        complete = complete_columns(len(current))
         have = self._mel.shape[1]
         if complete > have:
-            new = columns(self._samples, have, complete)
+            new = columns(current, have, complete)
             self._mel = np.concatenate((self._mel, new), axis=1)
             self._running_max = max(self._running_max, float(new.max()))
+
+    def _rebase_for(self, frame: int) -> None:
+        """Move the origin on (by ``rebase_samples``) until ``frame`` belongs to the input. With whole pieces
+        (rebase = context, the reference's layout) a frame belongs to the piece it starts in, its lookahead
+        cut at the piece's end as the reference's is; with a sliding input (rebase < context) the frame's
+        lookahead must fit in the input."""
+        spf = self.samples_per_frame
+        while True:
+            relative = frame - self._origin // spf
+            if self.rebase_samples == self.context_samples:
+                inside = relative * spf < self.context_samples
+            else:
+                inside = (relative + 1 + self.lag_frames) * spf <= self.context_samples
+            if inside or not len(self._samples):
+                return
+            self._rebase()
 
     def _rebase(self) -> None:
         """Move the origin on by ``rebase_samples``; the columns are recomputed from the new origin."""
         drop = min(self.rebase_samples, len(self._samples))
         self._origin += drop
         self._samples = self._samples[drop:]
-        self._mel = columns(self._samples, 0, complete_columns(len(self._samples)))
+        self._mel = np.zeros((N_MELS, 0), np.float32)
+        self._extend_columns()
 
     def conditioning(self, frame: int) -> FloatArray:
         """Frame ``frame``'s conditioning from the audio pushed so far (see the module docstring)."""
-        length = len(self._samples)
+        length = len(self._input())
         width = self.shape[1]
         log_mel = np.full((N_MELS, width), LOG_FLOOR, np.float32)
         have = min(self._mel.shape[1], width)
         log_mel[:, :have] = self._mel[:, :have]
         touched = min(touched_columns(length), width)
         if touched > have:  # the last columns read zeros past the audio so far
-            log_mel[:, have:touched] = columns(self._samples, have, touched)
+            log_mel[:, have:touched] = columns(self._input(), have, touched)
         floor_max = self._floor_max(float(log_mel[:, :touched].max()) if touched else LOG_FLOOR)
         out = np.empty(self.shape, np.float32)
         out[:N_MELS] = finish(log_mel, floor_max)

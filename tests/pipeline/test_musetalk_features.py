@@ -213,3 +213,17 @@ def test_deviation_tool_sanity_case_and_table(tmp_path) -> None:  # type: ignore
     assert live["speech_rel_l2"][0] > 0
     table = format_table(report)
     assert "| L=80ms W=30s floor=running | mel |" in table and "sanity" in table
+
+
+def test_frames_at_a_piece_end_come_from_their_own_piece() -> None:
+    featurizer = MuseTalkFeaturizer(context_s=2, lookahead_ms=80)  # whole 2 s pieces, 2 frames of lag
+    audio = speechy(4.0, seed=8)
+    emitted = []
+    for i in range(len(audio) // 640):
+        cond = featurizer.push(audio[i * 640 : (i + 1) * 640])
+        if i >= featurizer.lag_frames:
+            emitted.append((int(cond[META_ROW, META_START]), int(cond[META_ROW, META_REAL])))
+    # frames 48 and 49 (the piece's last 80 ms) still sit at the end of the first piece, capped at 2 s ...
+    assert emitted[48] == (window_start(48), 100) and emitted[49] == (window_start(49), 100)
+    # ... and frame 50 starts the next piece, as the reference's 30 s pieces do
+    assert emitted[50][0] == window_start(0) and emitted[50][1] == 2 + 4
