@@ -1,6 +1,6 @@
 """What MuseTalk's live featurizer costs a media worker's CPU per push (one 40 ms hop in, one frame out).
 
-    python benchmarks/musetalk_featurizer.py [--seconds 40] [--contexts 30,10]
+python benchmarks/musetalk_featurizer.py [--seconds 40] [--contexts 30,10]
 """
 
 from __future__ import annotations
