@@ -46,3 +46,36 @@ async def test_musetalk_call_on_cpu(aiohttp_client, weights: Path) -> None:
     stats = runtime.engine.stats
     print(f"musetalk on CPU: fps {result.fps:.2f}, {len(active)} speaking frames; {stats}")
     await check_paced_call(recording, result, runtime)
+
+
+async def test_an_uploaded_avatar_is_listed_and_renders_with_musetalk(
+    aiohttp_client, weights: Path, tmp_path: Path
+) -> None:
+    from tests.pipeline.face_media import drawn_face_frames, encode_video
+    from tests.server.test_avatar_uploads import finished, form
+
+    settings = Settings(
+        backend="musetalk",
+        musetalk_weights=weights,
+        device="cpu",
+        torch_threads=1,
+        render_budget_ms=1000,
+        batch_sizes=(1, 2, 4),
+        upload_dir=tmp_path / "uploads",
+    )
+    client = await aiohttp_client(create_app(settings))
+    video = encode_video(tmp_path / "drawn.mp4", drawn_face_frames(10))
+    async with client.post("/avatars", data=form("drawn", video)) as response:
+        assert response.status == 202, await response.text()
+        job = await finished(client, await response.json())
+    assert job["state"] == "done", job
+    async with client.get("/avatars") as response:
+        names = {a["name"] for a in (await response.json())["avatars"]}
+    assert names == {"astronaut", "drawn"}
+    audio = to_int16(speech_pattern([("silence", 0.3), ("speech", 0.8), ("silence", 0.4)]))
+    recording = await call(
+        str(client.make_url("")).rstrip("/"), audio, avatar="drawn", tail_s=0.5, http=client.session
+    )
+    assert recording.avatar["name"] == "drawn" and recording.video.size == (160, 160)
+    engine = client.app[RUNTIME].engine
+    assert engine.stats.frames > 0 and engine.stats.failed_batches == 0
