@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e '.[dev,pipecat,probe]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,pipecat,probe,musetalk]'
 	touch $(STAMP)
 
 run: $(STAMP)

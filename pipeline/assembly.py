@@ -25,6 +25,7 @@ from lipcast.pipeline.defaults import (
     BACKENDS,
     BUILTIN,
     COMPILE_MODE,
+    MUSETALK,
     WAV2LIP,
     default_batch_sizes,
     default_render_budget_ms,
@@ -89,7 +90,7 @@ def assemble(config: RenderConfig, clock: Callable[[], float] | None = None) -> 
     logger.info("device: %s%s", report, f" (and {len(devices) - 1} more)" if len(devices) > 1 else "")
     # Settings left to "auto" are decided here, once the device is known; the caller keeps the result.
     measure_budget = config.render_budget_ms is None and device.type == "cuda"
-    batch_sizes = config.batch_sizes or default_batch_sizes(device)
+    batch_sizes = config.batch_sizes or default_batch_sizes(device, config.backend)
     budget_ms = config.render_budget_ms or default_render_budget_ms(config.backend, device)
     configure_threads(config.backend, device, config.torch_threads)
     compile_cache_dir = _compile_cache_dir(config, device, batch_sizes)
@@ -146,6 +147,7 @@ def _device_engine(
             wav2lip_alignment=config.wav2lip_alignment,
             compile_cache_dir=compile_cache_dir,
             compile_mode=config.wav2lip_compile_mode,
+            render_config=config,
         )
     return RenderEngine(
         backend,
@@ -167,11 +169,13 @@ def create_backend(
     random_weights: bool = False,
     compile_cache_dir: Path | None = None,
     compile_mode: str | None = None,
+    render_config: RenderConfig | None = None,
 ) -> LipSyncBackend:
     """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation).
 
     Wav2Lip needs a ``checkpoint`` unless ``random_weights`` (benchmarks and tests only);
-    ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`)."""
+    ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`).
+    MuseTalk takes its settings (weights directory, context, floor, decode) from ``render_config``."""
     if name == BUILTIN:
         from lipcast.pipeline.builtin import BuiltinBackend
 
@@ -196,5 +200,18 @@ def create_backend(
             window_offset_frames=offset,
             compile_cache=cache,
             compile_mode=compile_mode or COMPILE_MODE,
+        )
+    if name == MUSETALK:
+        from lipcast.pipeline.musetalk.backend import MuseTalkBackend
+
+        rc = render_config or RenderConfig(backend=MUSETALK)
+        return MuseTalkBackend(
+            rc.musetalk_weights,
+            device=device,
+            batch_sizes=tuple(batch_sizes) or None,
+            context_s=rc.musetalk_context_s,
+            lookahead_ms=lookahead_ms,
+            floor=rc.musetalk_floor,
+            decode=rc.musetalk_decode,
         )
     raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")

@@ -178,6 +178,9 @@ class RenderEngine:
         avatar = next(iter(self._avatars.values()))
         conditioning = np.zeros(self.backend.conditioning_shape, dtype=np.float32)
         start = self._clock()
+        check_fp16 = getattr(self.backend, "check_fp16", None)  # MuseTalk: fp32 if fp16 would overflow
+        if callable(check_fp16):
+            check_fp16()
         timings = time_batch_sizes(
             self.backend.render, avatar.name, avatar.frame_count, conditioning, self.batch_sizes, repeats
         )

@@ -25,5 +25,9 @@ class RenderConfig:
     wav2lip_compile: str = "auto"
     wav2lip_compile_mode: str = COMPILE_MODE
     compile_cache_dir: Path | None = None
+    musetalk_weights: Path | None = None  # the weights directory (pipeline/musetalk/weights.py)
+    musetalk_context_s: float = 30.0
+    musetalk_floor: str = "running"
+    musetalk_decode: str = "rows"
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins
     default_avatar: str = ""

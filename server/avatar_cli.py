@@ -57,6 +57,11 @@ def prepare(args: argparse.Namespace) -> int:
         box=args.box,
         detector_model=args.detector_model,
     )
+    if args.backend == "musetalk":  # the weights first: a bad directory leaves no avatar behind
+        problem = _musetalk_weights_problem(args)
+        if problem:
+            print(f"lipcast avatar prepare: {problem}", file=sys.stderr)
+            return 2
     progress = ProgressLine(f"preparing {args.name}")
     started = time.perf_counter()
     try:
@@ -68,12 +73,43 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"lipcast avatar prepare: {e}", file=sys.stderr)
         return 1
     progress.close()
+    if args.backend == "musetalk":
+        code = _musetalk_cache(avatar, args)
+        if code:
+            return code
     elapsed = time.perf_counter() - started
     print(
         f"avatar {avatar.name!r}: {avatar.frame_count} frame(s), {avatar.width}x{avatar.height}, in "
         f"{args.out / avatar.name} ({elapsed:.1f} s)\n"
         f"serve it with: lipcast serve --avatar-dir {args.out} --avatar {avatar.name}"
     )
+    return 0
+
+
+def _musetalk_weights_problem(args: argparse.Namespace) -> str:
+    if args.musetalk_weights is None:
+        return "--backend musetalk needs --musetalk-weights DIR"
+    from lipcast.pipeline.musetalk.weights import MuseTalkWeightsError, find_weights
+
+    try:
+        find_weights(args.musetalk_weights)
+    except MuseTalkWeightsError as e:
+        return str(e)
+    return ""
+
+
+def _musetalk_cache(avatar: Any, args: argparse.Namespace) -> int:
+    """``--backend musetalk``: cache the avatar's face boxes, latent pairs and blend masks (the avatar stays
+    usable by every backend; the cache is what MuseTalk would otherwise compute when the avatar is added)."""
+    try:
+        from lipcast.pipeline.musetalk.cache import prepare_cache
+        from lipcast.pipeline.musetalk.weights import MuseTalkWeightsError
+
+        folder = prepare_cache(avatar, args.musetalk_weights, args.musetalk_latent, args.device)
+    except (ImportError, ValueError, MuseTalkWeightsError) as e:
+        print(f"lipcast avatar prepare: musetalk cache: {e}", file=sys.stderr)
+        return 1
+    print(f"musetalk cache ({args.musetalk_latent} latents, geometric jaw masks) in {folder}")
     return 0
 
 
@@ -116,5 +152,20 @@ def add_commands(commands: Any) -> None:
         help=f"keep at most this much of a video (default {DEFAULT_MAX_DURATION_S:g} s)",
     )
     p.add_argument("--force", action="store_true", help="replace an avatar of the same name")
+    p.add_argument(
+        "--backend",
+        choices=("builtin", "wav2lip", "musetalk"),
+        default="builtin",
+        help="musetalk: also cache MuseTalk's face boxes, latents and blend masks (needs --musetalk-weights);"
+        " the others derive theirs when the server adds the avatar",
+    )
+    p.add_argument("--musetalk-weights", type=Path, metavar="DIR", help="MuseTalk 1.5 weights directory")
+    p.add_argument(
+        "--musetalk-latent",
+        choices=("mean", "sample"),
+        default="mean",
+        help="the VAE posterior's mean (deterministic, as in training; default) or a sample (the reference)",
+    )
+    p.add_argument("--device", default="cpu", help="where the VAE encodes (cpu, cuda, cuda:N)")
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default WARNING)")
     p.set_defaults(handler=prepare)

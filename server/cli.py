@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Any
 
-from lipcast.server import avatar_cli, engine_cli, tools_cli
+from lipcast.server import avatar_cli, engine_cli, musetalk_cli, tools_cli
 from lipcast.server.flags import build_parser, settings_from
 from lipcast.streaming.memory import keep_frame_buffers_in_heap
 from lipcast.streaming.rtc import restrict_host_addresses
@@ -60,3 +60,4 @@ def add_commands(commands: Any) -> None:
     avatar_cli.add_commands(commands)
     tools_cli.add_commands(commands)
     engine_cli.add_commands(commands)
+    musetalk_cli.add_commands(commands)

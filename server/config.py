@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from lipcast.pipeline.avatar import BUILTIN_AVATAR_DIR, DEFAULT_AVATAR
-from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODE, COMPILE_MODES, DEFAULT_BACKEND, WAV2LIP
+from lipcast.pipeline.defaults import (
+    BACKENDS,
+    COMPILE_MODE,
+    COMPILE_MODES,
+    DEFAULT_BACKEND,
+    MUSETALK,
+    WAV2LIP,
+)
 from lipcast.pipeline.render_config import RenderConfig
 from lipcast.pipeline.timing import FPS
 from lipcast.streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
@@ -66,6 +73,12 @@ class Settings:
     wav2lip_compile: str = "auto"
     compile_cache_dir: Path | None = None  # None: ~/.cache/lipcast/compile
     wav2lip_compile_mode: str = COMPILE_MODE  # one of COMPILE_MODES
+    # MuseTalk (lipcast[musetalk]; docs/musetalk.md): the weights directory, the encoder's context of past
+    # audio, the log-mel floor policy, and whether the VAE decodes only the rows the blend mask uses
+    musetalk_weights: Path | None = None
+    musetalk_context_s: float = 30.0
+    musetalk_floor: str = "running"
+    musetalk_decode: str = "rows"
     # None ("adaptive", the default): from one frame up, following the observed jitter; a number: fixed ms
     jitter_buffer_ms: float | None = None
     render_budget_ms: float | None = None  # None: from the warm-up timings on CUDA; 40 ms (400 ms for
@@ -116,6 +129,10 @@ class Settings:
             problems.append(f"backend must be one of {', '.join(BACKENDS)}")
         if self.backend == WAV2LIP and self.checkpoint is None:
             problems.append("--backend wav2lip needs --checkpoint PATH (the project ships no weights)")
+        if self.backend == MUSETALK and self.musetalk_weights is None:
+            problems.append("--backend musetalk needs --musetalk-weights DIR (the project ships no weights)")
+        if self.musetalk_decode not in ("rows", "full"):
+            problems.append("musetalk_decode must be rows or full")
         if self.fps != FPS:
             problems.append(f"fps must be {FPS} (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
@@ -194,6 +211,10 @@ class Settings:
             wav2lip_alignment=self.wav2lip_alignment,
             wav2lip_compile=self.wav2lip_compile,
             wav2lip_compile_mode=self.wav2lip_compile_mode,
+            musetalk_weights=self.musetalk_weights,
+            musetalk_context_s=self.musetalk_context_s,
+            musetalk_floor=self.musetalk_floor,
+            musetalk_decode=self.musetalk_decode,
             compile_cache_dir=self.compile_cache_dir,
             avatar_dirs=self.avatar_search_path(),
             default_avatar=self.avatar,

@@ -57,6 +57,8 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "vp8_noise_sensitivity": int,
     "virtualcam": _flag,
     "checkpoint": Path,
+    "musetalk_weights": Path,
+    "musetalk_context_s": float,
     "compile_cache_dir": Path,
     "static_dir": Path,
     "upload_dir": Path,
@@ -162,6 +164,20 @@ def build_parser() -> argparse.ArgumentParser:
         "torch.compile mode: default (fusion, no autotuning) or max-autotune-no-cudagraphs (autotunes every"
         " convolution; builds far longer)",
         choices=COMPILE_MODES,
+    )
+    _option(p, "--musetalk-weights", "MuseTalk 1.5 weights directory (docs/musetalk.md)", metavar="DIR")
+    _option(p, "--musetalk-context-s", "seconds of past audio in MuseTalk's whisper input (1-30)")
+    _option(
+        p,
+        "--musetalk-floor",
+        "MuseTalk's log-mel floor: running (the loudest since the call began), input (the reference's, over"
+        " the current input) or a number (a fixed maximum)",
+    )
+    _option(
+        p,
+        "--musetalk-decode",
+        "MuseTalk's VAE decodes the rows the blend mask uses (rows) or the whole face (full)",
+        choices=("rows", "full"),
     )
     _option(
         p,

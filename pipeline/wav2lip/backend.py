@@ -54,7 +54,7 @@ from lipcast.pipeline.wav2lip.faces import DEFAULT_FACE_PADS, prepare_face_input
 from lipcast.pipeline.wav2lip.featurizer import CONDITIONING_SHAPE, INFERENCE_ALIGNMENT, Wav2LipFeaturizer
 from lipcast.pipeline.wav2lip.fold import fold_batchnorm
 from lipcast.pipeline.wav2lip.fused import fuse_conv_units
-from lipcast.pipeline.wav2lip.gather import gather_rows
+from lipcast.pipeline.wav2lip.gather import gather_rows, rows_without
 from lipcast.pipeline.wav2lip.mel import SAMPLE_RATE_HZ
 from lipcast.pipeline.wav2lip.model import N_FACE_FEATURES
 from lipcast.pipeline.wav2lip.paste import (
@@ -280,9 +280,7 @@ class Wav2LipBackend:
     def _remove_avatar(self, name: str) -> None:
         entry = remove_entry(self._avatars, name)
         total = int(self._geometry.shape[0])
-        keep = torch.cat((torch.arange(entry.offset), torch.arange(entry.offset + entry.count, total))).to(
-            self.device
-        )
+        keep = rows_without(entry.offset, entry.count, total, self.device)
         with self._on_stream():
             self._feats = [gather_rows(t, keep) for t in self._feats]
             self._base = self._base.index_select(0, keep)

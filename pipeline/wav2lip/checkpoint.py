@@ -74,7 +74,15 @@ def expected_shapes() -> dict[str, tuple[int, ...]]:
 
 def check_state_dict(state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Raise :class:`CheckpointError` naming missing, unexpected and mis-shaped keys, if any."""
-    expected = expected_shapes()
+    problems = state_dict_problems(expected_shapes(), state_dict)
+    if problems:
+        raise CheckpointError(f"{source} does not match the Wav2Lip generator: " + "; ".join(problems))
+
+
+def state_dict_problems(
+    expected: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """Missing, unexpected and mis-shaped keys of ``state_dict`` against ``expected`` shapes, as phrases."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     misshaped = [
@@ -89,8 +97,7 @@ def check_state_dict(state_dict: Mapping[str, torch.Tensor], source: str = "chec
         problems.append(f"unexpected {len(unexpected)} keys: {_listing(unexpected)}")
     if misshaped:
         problems.append(f"{len(misshaped)} mis-shaped keys: {_listing(misshaped)}")
-    if problems:
-        raise CheckpointError(f"{source} does not match the Wav2Lip generator: " + "; ".join(problems))
+    return problems
 
 
 def load_checkpoint(path: str | PathLike[str], map_location: str | torch.device = "cpu") -> StateDict:

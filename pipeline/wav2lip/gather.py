@@ -20,3 +20,9 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     ):
         return table.permute(0, 2, 3, 1).index_select(0, rows).permute(0, 3, 1, 2)
     return table.index_select(0, rows)
+
+
+def rows_without(offset: int, count: int, total: int, device: torch.device) -> torch.Tensor:
+    """The table rows ``0 .. total - 1`` but ``offset .. offset + count - 1`` (an avatar that goes), on
+    ``device``."""
+    return torch.cat((torch.arange(offset), torch.arange(offset + count, total))).to(device)

@@ -63,20 +63,22 @@ def face_canvas(
 
 
 def batch_rows(
-    avatars: Mapping[str, AvatarEntry], items: Sequence[RenderItem]
+    avatars: Mapping[str, AvatarEntry],
+    items: Sequence[RenderItem],
+    conditioning_shape: tuple[int, ...] = CONDITIONING_SHAPE,
 ) -> tuple[npt.NDArray[np.int64], list[AvatarEntry]]:
     """The table row of every item, and its avatar's entry; unknown avatars, frames and bad conditioning
-    raise."""
+    (not ``conditioning_shape``) raise."""
     rows = np.empty(len(items), dtype=np.int64)
     entries = []
     for i, item in enumerate(items):
         entry = avatars.get(item.avatar)
         if entry is None:
-            raise UnknownAvatarError(f"wav2lip backend has no avatar {item.avatar!r}")
+            raise UnknownAvatarError(f"the backend has no avatar {item.avatar!r}")
         if not 0 <= item.frame_index < entry.count:
             raise IndexError(f"avatar {item.avatar!r} has no frame {item.frame_index}")
-        if item.conditioning.shape != CONDITIONING_SHAPE:
-            raise ValueError(f"conditioning must be {CONDITIONING_SHAPE}, got {item.conditioning.shape}")
+        if item.conditioning.shape != conditioning_shape:
+            raise ValueError(f"conditioning must be {conditioning_shape}, got {item.conditioning.shape}")
         rows[i] = entry.offset + item.frame_index
         entries.append(entry)
     return rows, entries
@@ -86,7 +88,7 @@ def remove_entry(avatars: dict[str, AvatarEntry], name: str) -> AvatarEntry:
     """Drop ``name``'s entry and move the avatars after it up by its row count; returns the entry."""
     entry = avatars.pop(name, None)
     if entry is None:
-        raise UnknownAvatarError(f"wav2lip backend has no avatar {name!r}")
+        raise UnknownAvatarError(f"the backend has no avatar {name!r}")
     for other in avatars.values():
         if other.offset > entry.offset:
             other.offset -= entry.count
