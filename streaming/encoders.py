@@ -112,6 +112,11 @@ class Vp8Encoder(vpx.Vp8Encoder):
     def target_bitrate(self, bitrate: int) -> None:
         self._remb_bps = max(MIN_BITRATE_BPS, min(int(bitrate), MAX_BITRATE_BPS))
 
+    @property
+    def lossy(self) -> bool:
+        """A receiver reported heavy loss (over 10 %) in this call: the link is narrower than the rate."""
+        return self._loss_cap_bps < MAX_BITRATE_BPS
+
     def on_loss(self, fraction_lost: float) -> None:
         """A receiver report's fraction lost (0..1), about once a second: above 10 % the bitrate backs off
         by half the loss, below 2 % it creeps back up by 8 % a report (GCC's loss-based controller)."""
@@ -129,16 +134,18 @@ class Vp8Encoder(vpx.Vp8Encoder):
             frame.width != codec.width
             or frame.height != codec.height
             or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
-            # A keyframe asked for (PLI: the receiver lost one) from an encoder with uncapped keyframes:
-            # reopened capped, which makes that keyframe. An uncapped one on a narrow link overruns its
-            # queue, is lost again and asked for again, and the picture never comes back.
-            or (force_keyframe and not self._keyframes_capped)
+            # A keyframe asked for (PLI: the receiver lost one) on a lossy link from a codec with uncapped
+            # keyframes: reopened capped, which makes that keyframe. An uncapped one on a narrow link
+            # overruns its queue, is lost again and asked for again, and the picture never comes back. (Not
+            # on a clean link: receivers ask for keyframes at the start too, and a capped one starts the
+            # picture blurred.)
+            or (force_keyframe and self.lossy and not self._keyframes_capped)
         ):
             codec = None
         if codec is None:
-            # The first open keeps a sharp first keyframe; every later one (the bitrate moved, a keyframe was
-            # lost) caps them.
-            self._keyframes_capped = self.opened > 0 or self.target_bitrate < NARROW_LINK_BPS
+            # Keyframes capped only on a link known to be narrow or lossy: a capped keyframe on a clean one
+            # (the first, or one after the estimate moved) starts the picture blurred.
+            self._keyframes_capped = self.lossy or self.target_bitrate < NARROW_LINK_BPS
             codec = self.codec = open_vp8(
                 frame.width,
                 frame.height,

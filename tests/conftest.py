@@ -64,3 +64,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"To run them: `sudo {INSTALL_COMMAND}` (Debian's chromium, nginx, iproute2, GStreamer, npm), "
             "then `make test`."
         )
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Drop a finished test's fixture values: pytest keeps every item (and so its ``funcargs``) for the
+    whole session, and an app's test client holds its whole runtime (engine, avatars, their idle frames:
+    ~230 MB with the 1280x720 built-in avatar), so the suite grew past the box's memory."""
+    yield
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict):
+        funcargs.clear()

@@ -76,10 +76,20 @@ def test_vp8_encoder_decodes_to_the_picture_and_forces_keyframes(pixel_format: s
         assert error < 10.0  # the picture (at aiortc's 500 kbps start), not another one
     assert timestamps == [i * 3600 for i in range(6)]
     assert encoder.settings == Vp8Settings(-8, 0)
-    # The asked-for keyframe (a PLI: the receiver lost one) came from the codec reopened with its keyframes
-    # capped; the next one asked for needs no reopen.
-    assert encoder.opened == 2
-    encoder.encode(frame_of(image, 6, pixel_format), force_keyframe=True)
+    assert encoder.opened == 1  # a clean link: the asked-for keyframe comes from the same codec
+
+
+def test_a_keyframe_asked_for_on_a_lossy_link_comes_capped() -> None:
+    image = load_avatar(BUILTIN_AVATAR_DIR / "astronaut").frames[0]
+    encoder = Vp8Encoder()
+    encoder.encode(frame_of(image, 0, "yuv420p"))
+    encoder.on_loss(0.11)  # heavy loss reported; the bitrate moves by 5.5 %: no reopen for that
+    encoder.encode(frame_of(image, 1, "yuv420p"))
+    assert encoder.opened == 1
+    # The PLI's keyframe comes from the codec reopened with capped keyframes; the next one needs no reopen.
+    encoder.encode(frame_of(image, 2, "yuv420p"), force_keyframe=True)
+    assert encoder.opened == 2 and encoder._keyframes_capped
+    encoder.encode(frame_of(image, 3, "yuv420p"), force_keyframe=True)
     assert encoder.opened == 2
 
 
