@@ -4,6 +4,7 @@ media clock's rate, every speaking frame rendered or dropped at its deadline (as
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,16 +27,21 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("musetalk"))
 
 
-async def test_musetalk_call_on_cpu(aiohttp_client, weights: Path) -> None:
-    settings = Settings(
+def cpu_settings(weights: Path, **extra: Any) -> Settings:
+    """A MuseTalk server on the CPU with the tiny random weights (small batches, a lenient budget)."""
+    return Settings(
         backend="musetalk",
         musetalk_weights=weights,
         device="cpu",
         torch_threads=1,
         render_budget_ms=1000,
         batch_sizes=(1, 2, 4),
+        **extra,
     )
-    client = await aiohttp_client(create_app(settings))
+
+
+async def test_musetalk_call_on_cpu(aiohttp_client, weights: Path) -> None:
+    client = await aiohttp_client(create_app(cpu_settings(weights)))
     runtime = client.app[RUNTIME]
     assert runtime.backend.name == "musetalk" and runtime.backend.lookahead_ms == 80.0
     sent = to_int16(speech_pattern(PATTERN))
@@ -54,15 +60,7 @@ async def test_an_uploaded_avatar_is_listed_and_renders_with_musetalk(
     from tests.pipeline.face_media import drawn_face_frames, encode_video
     from tests.server.test_avatar_uploads import finished, form
 
-    settings = Settings(
-        backend="musetalk",
-        musetalk_weights=weights,
-        device="cpu",
-        torch_threads=1,
-        render_budget_ms=1000,
-        batch_sizes=(1, 2, 4),
-        upload_dir=tmp_path / "uploads",
-    )
+    settings = cpu_settings(weights, upload_dir=tmp_path / "uploads")
     client = await aiohttp_client(create_app(settings))
     video = encode_video(tmp_path / "drawn.mp4", drawn_face_frames(10))
     async with client.post("/avatars", data=form("drawn", video)) as response:
