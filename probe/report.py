@@ -73,6 +73,8 @@ class CallReport:
     delay_recovery: dict[str, float | None] | None = None
     # For a rate-limited downlink: what the server sent per second, and whether the delay kept growing.
     downlink_rate: dict[str, float | None] | None = None
+    # The server's packet stage for this call's inbound audio (the last metadata's ``rx``): lost, FEC, late...
+    server_rx: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -203,6 +205,7 @@ def analyse(recording: CallRecording) -> CallReport:
         mouth_correlation_delay_ms=mouth_delay,
         delay_recovery=None if recovery is None else asdict(recovery),
         downlink_rate=_downlink_rate(recording, frame_latency_at, frame_latency),
+        server_rx=next((dict(m["rx"]) for _, m in reversed(recording.meta) if "rx" in m), {}),
     )
 
 

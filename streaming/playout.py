@@ -19,7 +19,10 @@ I/O and its clock passed in (unit-tested against recorded packet timelines):
   packet arrived in the last :data:`ACTIVE_STREAM_MS`) the missing audio is concealed even before the next
   packet says it is missing (a burst of losses, or a packet stuck in the network), whole packets at a time.
   The stream's timeline stays the sender's, so the buffer never runs dry for loss, and its adaptive target
-  follows the network's jitter only.
+  follows the network's jitter only. Such a packet, on a stream that carries in-band FEC, could have been
+  rebuilt had the packet after it been there: ``on_fec_missed`` tells the buffer, which then keeps one
+  packet more while the stream stays lossy
+  (:meth:`lipcast.streaming.audio_buffer.InputAudioBuffer.observe_fec_missed`).
 * A packet that arrives after its slot was concealed is dropped (*late*) but its arrival is reported
   (``on_late``): lateness is jitter, and the buffer's target must see it. The buffer then holds the stream
   back a tick (:meth:`PacketPlayout.stretch`: concealment that takes no slot) while it is below its target,
@@ -57,6 +60,7 @@ class PlayoutStats:
     lost: int = 0  # packets given up on and concealed
     concealed_samples: int = 0
     fec_recovered: int = 0  # of the lost, rebuilt from the next packet's in-band FEC
+    fec_missed: int = 0  # of the lost, concealed by PLC before the next packet came, on a stream with FEC
     late: int = 0  # arrived after their slot was concealed (dropped)
     reordered: int = 0  # arrived after a packet sent later, in time to be played
     duplicates: int = 0
@@ -91,6 +95,9 @@ class PacketPlayout:
     decoder: OpusDecoder
     wait_ms_for: Callable[[], float] = lambda: MIN_WAIT_MS
     on_late: Callable[[int, float], None] | None = None  # (its RTP timestamp, when it arrived)
+    # A packet was concealed by PLC before the one after it came, on a stream that carries in-band FEC: one
+    # packet more of buffer would have rebuilt it (the buffer deepens: InputAudioBuffer.observe_fec_missed).
+    on_fec_missed: Callable[[], None] | None = None
     stats: PlayoutStats = field(default_factory=PlayoutStats)
 
     def __post_init__(self) -> None:
@@ -101,6 +108,7 @@ class PacketPlayout:
         self._gap_since_s: float | None = None  # when the first packet behind the missing head arrived
         self._last_arrival_s: float | None = None
         self._packet_samples = DEFAULT_PACKET_SAMPLES
+        self._fec_carried = False  # whether the last packet played carried in-band FEC
 
     def _extend(self, sequence: int) -> int:
         if self._highest is None:
@@ -182,6 +190,10 @@ class PacketPlayout:
             self.stats.concealed_samples += len(samples)
             out.append(Released(samples, None, "plc"))
         self.stats.lost += packets
+        if self._fec_carried:
+            self.stats.fec_missed += packets
+            if self.on_fec_missed is not None:
+                self.on_fec_missed()
         self._next += packets
         if self._next_timestamp is not None:
             self._next_timestamp += packets * self._packet_samples
@@ -196,6 +208,7 @@ class PacketPlayout:
             out.append(Released(samples, packet.arrived_s, "decoded", packet.timestamp))
             if len(samples):
                 self._packet_samples = len(samples)
+            self._fec_carried = has_lbrr(packet.payload)
             self._next_timestamp = packet.timestamp + len(samples)
             self._next += 1
         self._gap_since_s = min(p.arrived_s for p in self._waiting.values()) if self._waiting else None
