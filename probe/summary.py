@@ -91,6 +91,8 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "stages_ms": stage_breakdown(reports),
         "network": network_totals(reports),
         "server_rx": server_rx_totals(reports),
+        "picture_recoveries_ms": sorted(v for r in reports for v in r.picture_recoveries_ms),
+        "lost_keyframe_mended_ms": [r.lost_keyframe_mended_ms for r in reports if r.lost_keyframe_mended_ms],
     }
 
 
@@ -160,6 +162,15 @@ def format_network(network: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def format_picture_recoveries(recoveries: list[float]) -> list[str]:
+    if not recoveries:
+        return []
+    return [
+        f"  picture broken {len(recoveries)} times (a packet given up, keyframe asked for): mended after"
+        f" p50 {float(np.median(recoveries)):.0f} ms, max {max(recoveries):.0f} ms"
+    ]
+
+
 def format_server_rx(rx: dict[str, float]) -> list[str]:
     if not rx:
         return []
@@ -186,9 +197,10 @@ def format_downlink_rate(rates: list[dict[str, Any]]) -> list[str]:
     for r in rates:
         n = {k: _number(v, ".0f") if not isinstance(v, str) else v for k, v in r.items()}
         lines.append(
-            f"  downlink capped at {n['cap_kbps']} kbps: the server sent p50 {n['sent_kbps_p50']} kbps"
-            f" (max {n['sent_kbps_max_after_5s']} after 5 s), under the cap from second"
-            f" {n['under_cap_from_s']};"
+            f"  downlink capped at {n['cap_kbps']} kbps: the server sent video p50 {n['video_kbps_p50']} kbps"
+            f" (max {n['video_kbps_max_after_5s']} after 5 s), under the cap from second"
+            f" {n['under_cap_from_s']}; all media p50 {n['sent_kbps_p50']} kbps (max"
+            f" {n['sent_kbps_max_after_5s']}), under from second {n['all_media_under_cap_from_s']};"
             f" frame latency p50 {n['frame_latency_first_half_ms']} -> {n['frame_latency_second_half_ms']} ms"
             " (first -> second half)"
         )
@@ -217,6 +229,11 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
         f"  mouth follows speech: correlation min {_number(s.get('mouth_correlation_min'), '.3f')}",
         *format_server_rx(s.get("server_rx") or {}),
+        *format_picture_recoveries(s.get("picture_recoveries_ms") or []),
+        *[
+            f"  keyframe lost on purpose: the picture mended {v:.0f} ms after its last good frame"
+            for v in s.get("lost_keyframe_mended_ms") or []
+        ],
         *format_recovery(s.get("delay_recovery") or []),
         *format_downlink_rate(s.get("downlink_rate") or []),
         *format_stages(s.get("stages_ms") or {}),
