@@ -73,19 +73,27 @@ FEC_PAYLOAD = bytes([0x78, 0xFF])
 
 
 def run(
-    stretch: bool, seed: int = 1, *, jitter: bool = True, loss: float = 0.0, tick_phase_s: float = 0.0
+    stretch: bool,
+    seed: int = 1,
+    *,
+    jitter: bool = True,
+    loss: float = 0.0,
+    burst: int = 1,
+    tick_phase_s: float = 0.0,
 ) -> tuple[Receiver, list[tuple[float, float]]]:
     """Packets every 20 ms: 20 ms network delay, then (``jitter``) 70 +- 30 ms (reordering), then 20 ms
-    again; with ``loss``, that share of the packets of the middle stretch is lost, and every speech packet
-    carries FEC. Returns the receiver and, per tick, (time, how long its first sample waited in the
-    buffer)."""
+    again; with ``loss``, losses of ``burst`` packets start at that share of the middle stretch's packets,
+    and every speech packet carries FEC. Returns the receiver and, per tick, (time, how long its first
+    sample waited in the buffer)."""
     rng = random.Random(seed)
     events: list[tuple[float, int, int]] = []  # (time, kind: 0 packet / 1 tick, packet number)
     total_s = CLEAN_S + JITTER_S + AFTER_S
+    lost_left = 0  # of the burst being lost
     for n in range(int(total_s / 0.020)):
         sent = n * 0.020
         middle = CLEAN_S <= sent < CLEAN_S + JITTER_S
-        if middle and loss and rng.random() < loss:
+        if middle and (lost_left > 0 or (loss and rng.random() < loss)):
+            lost_left = lost_left - 1 if lost_left > 0 else burst - 1
             continue
         delay = 0.070 + rng.uniform(-0.030, 0.030) if middle and jitter else 0.020
         heapq.heappush(events, (sent + delay, 0, n))
@@ -145,3 +153,13 @@ def test_on_a_lossy_link_with_fec_the_buffer_keeps_one_packet_more_and_losses_ar
     # Once the losses stop, the guard lapses (10 s) and the depth returns at the next pauses.
     assert median_wait(waits, end + 11.0, end + AFTER_S) == pytest.approx(clean)
     assert clean_rx.playout.stats.fec_missed == 0 and clean_rx.buffer.fec_guard_ms == 0.0
+
+
+def test_bursts_that_fec_cannot_rebuild_leave_the_buffer_as_it_was() -> None:
+    # FEC rebuilds only the last packet of a burst: a burst of 4 does not call for one packet more.
+    clean_rx, clean_waits = run(stretch=True, jitter=False, tick_phase_s=0.033)
+    rx, waits = run(stretch=True, jitter=False, loss=0.0125, burst=4, tick_phase_s=0.033)
+    assert rx.playout.stats.lost >= 30 and rx.playout.stats.fec_missed == 0
+    assert rx.buffer.fec_guard_ms == 0.0 and rx.buffer.stats.stretched_samples == 0
+    clean = median_wait(clean_waits, 3.0, CLEAN_S)
+    assert median_wait(waits, CLEAN_S + 2.0, CLEAN_S + JITTER_S) == pytest.approx(clean)
