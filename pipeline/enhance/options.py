@@ -69,6 +69,12 @@ def choose(mode: object | None, strength: object | None, default: EnhanceChoice)
     )
 
 
+def sharpen_device(backend: object) -> str | None:
+    """Where a backend's sharpen stage runs (its ``sharpen_device``), None for a backend without one."""
+    device = getattr(backend, "sharpen_device", None)
+    return device if isinstance(device, str) else None
+
+
 @dataclass(frozen=True)
 class EnhancePolicy:
     """What this server can give: ``device`` is where the restorer runs (``"cuda"``, ``"cpu"``) or None when

@@ -22,6 +22,7 @@ fixed box, never on the picture.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,7 +129,8 @@ class MouthSharpener:
         self._use_graphs = self._cuda and cuda_graphs
         if self._cuda:
             torch.backends.cudnn.benchmark = True
-        self.model = restorer.model.to(device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
+        model = copy.deepcopy(restorer.model)  # one copy per device (``to`` moves a module in place)
+        self.model = model.to(device, self.dtype, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.eval().requires_grad_(False)
         rows, cols = feathered_box_profiles(
             FACE_SIZE_PX, FACE_SIZE_PX, feather_px, top_fraction=top_fraction, device=device
