@@ -314,3 +314,18 @@ def test_converter_refuses_a_truncated_bin(tmp_path) -> None:
     write_compact_ncnn(state, 4, param, weights)
     with pytest.raises(NcnnConvertError, match="ends inside"):
         convert(param.read_text(), weights.read_bytes()[:-10])
+
+
+def test_the_engine_link_carries_the_strength() -> None:
+    from lipcast.pipeline.engine_link.ring import Ring, RingLayout
+
+    ring = Ring(RingLayout(slots=2, conditioning_shape=(80, 16), max_patch_bytes=64), create=True)
+    try:
+        item = RenderItem("face", 3, mel(1), enhance_strength=0.35)
+        ring.write_request(1, "session-1", item, None)
+        session, read, deadline = ring.read_request(1)
+        assert (session, read.avatar, read.frame_index, deadline) == ("session-1", "face", 3, None)
+        assert read.enhance_strength == pytest.approx(0.35)
+        np.testing.assert_array_equal(read.conditioning, item.conditioning)
+    finally:
+        ring.close()
