@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,7 +141,7 @@ class MouthSharpener:
             raise ValueError(f"the mouth mask starts above the face rows the backend produces ({first_row})")
         self.profiles = (rows[first_row:].contiguous(), cols.contiguous())
         self._graphs: dict[int, _Graph] = {}
-        self.calls: list[int] = []  # the batch size of every restorer run (tests read the shapes)
+        self.calls: deque[int] = deque(maxlen=256)  # the batch sizes of the latest restorer runs
 
     def bucket(self, count: int) -> int:
         for size in self.batch_sizes:

@@ -219,7 +219,7 @@ def test_fixed_shapes_with_mixed_sessions(backends) -> None:
     sharp.render(items([0.7, 0.5, 0.0, 0.7]))  # three of four: padded to 4
     sharp.render(items([0.0, 0.0, 0.0, 0.0]))  # none: the restorer does not run
     sharp.render(items([0.7, 0.0]))
-    assert sharpener.calls == [1, 4, 1]
+    assert list(sharpener.calls) == [1, 4, 1]
     assert set(sharpener.calls) <= set(sharp.batch_sizes)
 
 
