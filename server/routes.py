@@ -107,6 +107,7 @@ async def healthz(request: web.Request) -> web.Response:
             "process_cpu_s": round(time.process_time(), 3),
             "cpu": cpu_snapshot(),
             "max_sessions": runtime.settings.max_sessions,
+            "face_enhance": runtime.sessions.enhance.to_json(),
             "engine": {
                 "running": runtime.engine.running,
                 "warmup_s": runtime.engine.warmup_s,

@@ -99,6 +99,15 @@ class EnhancePolicy:
                 " --face-enhance-allow-cpu allows it anyway"
             )
 
+    def to_json(self) -> dict[str, object]:
+        """For ``/healthz``: the default, and whether a call may ask for sharpen here."""
+        try:
+            self.check(EnhanceChoice(SHARPEN))
+            sharpen = True
+        except EnhanceRefusedError:
+            sharpen = False
+        return {"default": self.default.mode, "strength": self.default.strength, "sharpen": sharpen}
+
     def resolve(self, mode: object | None, strength: object | None) -> EnhanceChoice:
         """Parse and check a session's request; raises :class:`EnhanceOptionError` (bad values) or
         :class:`EnhanceRefusedError` (not available here)."""

@@ -71,6 +71,8 @@ async def test_sharpen_without_restorer_is_refused_and_calls_go_on(builtin) -> N
     pc, body = await client_offer()  # the next call, off, is taken
     response = await builtin.post("/offer", json=body | {"face_enhance": "off"})
     assert response.status == 200
+    health = await (await builtin.get("/healthz")).json()
+    assert health["face_enhance"] == {"default": "off", "strength": 0.7, "sharpen": False}
     runtime = builtin.app[RUNTIME]
     (session,) = runtime.sessions.sessions.values()
     assert session.stream.enhance_strength == 0.0
