@@ -291,7 +291,7 @@ def test_real_animevideov3_file_matches_ncnn(tmp_path) -> None:
     )
     convert_files(param, weights, tmp_path / "animevideov3.pth")
     restorer = load_restorer(tmp_path / "animevideov3.pth")
-    assert restorer.scale == 4 and restorer.parameters == 620_616
+    assert restorer.scale == 4 and restorer.parameters == 621_424
     x = np.random.default_rng(0).random((3, 20, 24), dtype=np.float32)
     ours = restorer.model(torch.from_numpy(x)[None])[0].detach().numpy()
     np.testing.assert_allclose(ours, ncnn_forward(param, weights, x), atol=1e-4)
