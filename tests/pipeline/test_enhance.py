@@ -228,6 +228,18 @@ def test_sharpen_device_reports_the_stage(backends) -> None:
     assert sharp.sharpen_device == "cpu" and plain.sharpen_device is None
 
 
+def test_engine_warmup_times_sharpened_batches(backends) -> None:
+    from lipcast.pipeline.engine import RenderEngine
+
+    sharp, plain = backends
+    assert sharp.sharpener is not None
+    sharp.sharpener.calls.clear()
+    engine = RenderEngine(sharp, (1, 2, 4))
+    engine.add_avatar(make_avatar("face", 2, (200, 180), (30, 20, 150, 170)))
+    engine.warmup(repeats=1)
+    assert list(sharp.sharpener.calls) == [1, 1, 2, 2, 4, 4]  # every timed batch ran the restorer
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_graphs_match_eager_on_gpu(backends) -> None:
