@@ -12,6 +12,9 @@ spec's full-size configuration (``--tiny``: the tests' small one, for a dry run 
   whisper encoder on each item's 30 s input, windows + PE, UNet, the row decode, resize and blend into the
   patch, download, in one CUDA graph per size (fp16, channels_last).
 * ``engine_full_decode``: the same with ``decode="full"``.
+* ``engine_compiled`` (``--compile-cache DIR``): the engine with the UNet and the row decode as
+  ``torch.compile`` kernels (:mod:`lipcast.pipeline.musetalk.compiled`) inside its graphs; the build (or the
+  load from DIR) is part of its ready time. ``--only-compiled`` skips the eager engine variants.
 * ``rows_vs_full``: the decoded faces' rows 128..255 (what the mask can use), uint8, row decode against full.
 """
 
@@ -23,13 +26,16 @@ import platform
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.defaults import COMPILE_MODE, COMPILE_MODES
 from lipcast.pipeline.musetalk.backend import MuseTalkBackend
+from lipcast.pipeline.musetalk.compiled import musetalk_cache
 from lipcast.pipeline.musetalk.config import full_configs, tiny_configs
 from lipcast.pipeline.musetalk.decode import decode_full, decode_rows, plan_rows
 from lipcast.pipeline.musetalk.weights import random_models
@@ -72,6 +78,12 @@ def main() -> None:
     parser.add_argument("--json", default="")
     parser.add_argument("--skip-full-decode", action="store_true")
     parser.add_argument("--all-sizes", action="store_true", help="warm every default batch size (ready time)")
+    parser.add_argument(
+        "--compile-cache", default="", help="also the compiled engine, its kernels cached here"
+    )
+    parser.add_argument("--compile-mode", default=COMPILE_MODE, choices=COMPILE_MODES)
+    parser.add_argument("--only-compiled", action="store_true")
+    parser.add_argument("--default-format", action="store_true", help="the engine without channels_last")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     cuda = torch.cuda.is_available()
@@ -130,7 +142,12 @@ def main() -> None:
 
     avatar = synthetic_avatar("bench", frames=16)
     variants = [("engine", "rows")] + ([] if args.skip_full_decode else [("engine_full_decode", "full")])
+    if args.only_compiled:
+        variants = []
+    if args.compile_cache:
+        variants.append(("engine_compiled", "rows"))
     for label, decode in variants:
+        cache = musetalk_cache(Path(args.compile_cache)) if label == "engine_compiled" else None
         t0 = time.perf_counter()
         # every default batch size is warmed (as the server does before ready); the requested ones are timed
         backend = MuseTalkBackend(
@@ -138,6 +155,9 @@ def main() -> None:
             device=device,
             batch_sizes=None if args.all_sizes else sizes,
             decode=decode,
+            compile_cache=cache,
+            compile_mode=args.compile_mode,
+            channels_last=False if args.default_format else None,
         )
         backend.add_avatar(avatar)
         warm = backend.warmup()
@@ -165,9 +185,14 @@ def main() -> None:
             "fp16": backend.fp16_report,
             "dtype": str(backend.dtype),
         }
-        if label == "engine":
+        if backend.compiled is not None:
+            report[label]["compile_s"] = backend.compiled.compile_s
+        elif cache is not None:
+            report[label]["compile_s"] = "failed: eager kernels"
+        if label in ("engine", "engine_compiled"):
             patch = backend.render([RenderItem("bench", 0, cond)])[0]
             report["patch_hw"] = list(patch.pixels.shape[:2])
+            report[f"{label}_patch_sum"] = int(patch.pixels.astype(np.int64).sum())
         del backend
         if cuda:
             torch.cuda.empty_cache()

@@ -29,5 +29,6 @@ class RenderConfig:
     musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
+    musetalk_compile: str = "auto"  # auto | on | off, as wav2lip_compile
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins
     default_avatar: str = ""

@@ -181,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(
         p,
+        "--musetalk-compile",
+        "torch.compile MuseTalk's UNet and decode per batch size: auto (default) uses them on CUDA when a"
+        " start with `on` has built them into the compile cache, on also builds them at start (minutes the"
+        " first time), off never",
+        choices=("auto", "on", "off"),
+    )
+    _option(
+        p,
         "--compile-cache-dir",
         "where compiled kernels are kept (default ~/.cache/lipcast/compile; `lipcast engine build` fills it)",
         metavar="DIR",

@@ -49,7 +49,7 @@ def compile_available(device: torch.device) -> bool:
     return True
 
 
-def _raise_recompile_limit(needed: int) -> None:
+def raise_recompile_limit(needed: int) -> None:
     """One graph per batch size (and dtype) of the same code: dynamo's per-code limit must allow them all."""
     import torch._dynamo
 
@@ -87,7 +87,7 @@ class CompiledDecoder:
         # process-wide by Inductor's design, so one process keeps one compile cache.
         self.status.directory.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
-        _raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+        raise_recompile_limit(2 * len(self.batch_sizes) + 4)
         register_fake_kernels()  # the model's conv units may be fused ones
 
         def decode(audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,111 @@
+"""Compiled kernels for MuseTalk's networks: ``torch.compile`` of the UNet step and the row decode, per batch
+size (issue 29's "a compile cache").
+
+What is compiled is the per-frame network work on a gathered batch,
+
+    face = decode_rows(vae, unet(latents, 0, context).sample, plan)  # (N,8,32,32), (N,50,384) -> (N,3,R,256)
+
+as two graphs (the UNet; the decode), ``dynamic=False`` (one specialised graph per bucket), in the
+:class:`~lipcast.pipeline.wav2lip.compile_cache.CompileKey`'s mode. Inductor fuses what eager runs as separate
+kernels around cuDNN's convolutions: each GroupNorm with its SiLU and the residual adds (the decoder's
+GroupNorms at 128-256 px are most of its memory traffic). Inductor's own CUDA graphs are never used: the
+backend captures these kernels inside its graph per bucket, together with whisper, the gathers and the blend,
+which stay eager (their shapes follow the avatar tables, which change at run time).
+
+The kernels are cached in ``<compile cache root>/musetalk/<environment digest>`` (the Wav2Lip backend's
+:class:`~lipcast.pipeline.wav2lip.compile_cache.CompileCache`, its manifest listing the sizes built), so that
+a second start loads them instead of building them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lipcast.pipeline.musetalk.decode import RowPlan, decode_rows
+from lipcast.pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
+from lipcast.pipeline.wav2lip.compiled import Compiler, raise_recompile_limit
+
+logger = logging.getLogger(__name__)
+
+CACHE_SUBDIR = "musetalk"
+
+
+def musetalk_cache(root: Path) -> CompileCache:
+    """MuseTalk's cache under the compile cache root (its manifest apart from Wav2Lip's)."""
+    return CompileCache(Path(root) / CACHE_SUBDIR)
+
+
+class CompiledNetworks:
+    """The compiled UNet step and row decode of one model pair, dtype and row plan, with the cache's
+    bookkeeping (a size is recorded in the manifest once its first call, the build or the load, returned).
+
+    ``compiler`` replaces ``torch.compile`` (tests: a real compile on a CPU takes many minutes)."""
+
+    def __init__(
+        self,
+        unet: Any,
+        vae: Any,
+        plan: RowPlan,
+        key: CompileKey,
+        cache: CompileCache,
+        batch_sizes: Sequence[int],
+        *,
+        compiler: Compiler | None = None,
+    ) -> None:
+        self.key, self.cache, self.batch_sizes = key, cache, tuple(batch_sizes)
+        self.status: CacheStatus = cache.status(key)
+        self.compile_s: dict[int, float] = {}
+        self._seen: set[int] = set()
+        missing = self.status.missing(self.batch_sizes)
+        if self.status.mismatch is not None:
+            logger.warning(
+                "%s; compiling anew into %s (minutes)", self.status.mismatch, self.status.directory
+            )
+        elif missing:
+            logger.info(
+                "musetalk compile cache %s: batch sizes %s not built yet, building them at warm-up (minutes)",
+                self.status.directory,
+                ",".join(map(str, missing)),
+            )
+        else:
+            logger.info(
+                "musetalk compile cache %s holds every batch size: loading kernels", self.status.directory
+            )
+        self.status.directory.mkdir(parents=True, exist_ok=True)
+        # Inductor's FX graph, autotuning and Triton caches follow this variable (process-wide by design)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
+        raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+
+        def unet_step(latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+            return unet(latents, timestep, encoder_hidden_states=context).sample
+
+        def decode(latents: torch.Tensor) -> torch.Tensor:
+            return decode_rows(vae, latents, plan)
+
+        compile_fn: Compiler = compiler or torch.compile
+        self._unet = compile_fn(unet_step, mode=key.mode, dynamic=False, fullgraph=True)
+        self._decode = compile_fn(decode, mode=key.mode, dynamic=False, fullgraph=True)
+
+    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        size = int(latents.shape[0])
+        if size in self._seen:
+            return self._decode(self._unet(latents, timestep, context))
+        cached = size in self.status.built_sizes
+        logger.info("musetalk: %s compiled kernels of batch %d", "loading" if cached else "building", size)
+        start_s = time.perf_counter()
+        out = self._decode(self._unet(latents, timestep, context))
+        if latents.is_cuda and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(latents.device)
+        elapsed_s = time.perf_counter() - start_s
+        self._seen.add(size)
+        self.compile_s[size] = elapsed_s
+        self.cache.record(self.key, (size,), None if cached else elapsed_s)
+        logger.info("musetalk: batch %d compiled kernels ready in %.1f s", size, elapsed_s)
+        return out
