@@ -291,7 +291,7 @@ class MuseTalkBackend:
         timestep = self._timestep.expand(latents.shape[0])
         if compiled and self.compiled is not None and latents.shape[0] in self.batch_sizes:
             try:
-                return self.compiled(latents, timestep, context)
+                return self.compiled(latents, self._timestep, context)
             except Exception as e:  # a compiler failure must not take rendering down
                 if self._cuda and torch.cuda.is_current_stream_capturing():
                     raise

@@ -5,8 +5,11 @@ What is compiled is the per-frame network work on a gathered batch,
 
     face = decode_rows(vae, unet(latents, 0, context).sample, plan)  # (N,8,32,32), (N,50,384) -> (N,3,R,256)
 
-as two graphs (the UNet; the decode), ``dynamic=False`` (one specialised graph per bucket), in the
-:class:`~lipcast.pipeline.wav2lip.compile_cache.CompileKey`'s mode. Inductor fuses what eager runs as separate
+as two graphs (the UNet; the decode) in the :class:`~lipcast.pipeline.wav2lip.compile_cache.CompileKey`'s
+mode. The batch dimension is symbolic (``mark_dynamic``) for every bucket from 2 up, so one build serves
+them all (cuDNN still picks its convolutions per shape at warm-up); batch 1 is its own graph (Dynamo
+specialises size 1). Building a graph per bucket instead (``per_size=True``) multiplies the build time by
+the number of buckets. Inductor fuses what eager runs as separate
 kernels around cuDNN's convolutions: each GroupNorm with its SiLU and the residual adds (the decoder's
 GroupNorms at 128-256 px are most of its memory traffic). Inductor's own CUDA graphs are never used: the
 backend captures these kernels inside its graph per bucket, together with whisper, the gathers and the blend,
@@ -58,6 +61,7 @@ class CompiledNetworks:
         batch_sizes: Sequence[int],
         *,
         compiler: Compiler | None = None,
+        per_size: bool = False,
     ) -> None:
         self.key, self.cache, self.batch_sizes = key, cache, tuple(batch_sizes)
         self.status: CacheStatus = cache.status(key)
@@ -83,24 +87,34 @@ class CompiledNetworks:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
         raise_recompile_limit(2 * len(self.batch_sizes) + 4)
 
+        self.per_size = per_size
+
         def unet_step(latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-            return unet(latents, timestep, encoder_hidden_states=context).sample
+            # timestep: (1,), the same for every item
+            return unet(latents, timestep.expand(latents.shape[0]), encoder_hidden_states=context).sample
 
         def decode(latents: torch.Tensor) -> torch.Tensor:
             return decode_rows(vae, latents, plan)
 
         compile_fn: Compiler = compiler or torch.compile
-        self._unet = compile_fn(unet_step, mode=key.mode, dynamic=False, fullgraph=True)
-        self._decode = compile_fn(decode, mode=key.mode, dynamic=False, fullgraph=True)
+        dynamic = False if per_size else None  # None: what mark_dynamic says
+        self._unet = compile_fn(unet_step, mode=key.mode, dynamic=dynamic, fullgraph=True)
+        self._decode = compile_fn(decode, mode=key.mode, dynamic=dynamic, fullgraph=True)
+
+    def _run(self, latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return self._decode(self._unet(latents, timestep, context))
 
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """(N, 8, 32, 32) latents, (1,) timestep, (N, 50, D) contexts -> (N, 3, R, 256) faces."""
         size = int(latents.shape[0])
         if size in self._seen:
-            return self._decode(self._unet(latents, timestep, context))
+            return self._run(latents, timestep, context)
+        if size > 1 and not self.per_size:
+            _mark_batch_dynamic(latents, context)
         cached = size in self.status.built_sizes
         logger.info("musetalk: %s compiled kernels of batch %d", "loading" if cached else "building", size)
         start_s = time.perf_counter()
-        out = self._decode(self._unet(latents, timestep, context))
+        out = self._run(latents, timestep, context)
         if latents.is_cuda and not torch.cuda.is_current_stream_capturing():
             torch.cuda.synchronize(latents.device)
         elapsed_s = time.perf_counter() - start_s
@@ -109,3 +123,10 @@ class CompiledNetworks:
         self.cache.record(self.key, (size,), None if cached else elapsed_s)
         logger.info("musetalk: batch %d compiled kernels ready in %.1f s", size, elapsed_s)
         return out
+
+
+def _mark_batch_dynamic(*tensors: torch.Tensor) -> None:
+    import torch._dynamo
+
+    for tensor in tensors:
+        torch._dynamo.mark_dynamic(tensor, 0, min=2)
