@@ -47,7 +47,7 @@ if has bench; then
   step "step benchmark: reference beside the engine (eager and compiled), batch 1, 8, 32"
   tiny=()
   [ -n "$TINY" ] && tiny=(--tiny)
-  timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes 1,8,32 --iters 20 --skip-full-decode \
+  timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes 1,8,32 --iters 20 \
     --compile-cache "$WORK/bench-cache" --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
     | cut -c1-300 | tee -a "$OUT/summary.txt"
 fi

@@ -146,6 +146,7 @@ def main() -> None:
         variants = []
     if args.compile_cache:
         variants.append(("engine_compiled", "rows"))
+    patches: dict[str, list[Any]] = {}
     for label, decode in variants:
         cache = musetalk_cache(Path(args.compile_cache)) if label == "engine_compiled" else None
         t0 = time.perf_counter()
@@ -189,6 +190,8 @@ def main() -> None:
             report[label]["compile_s"] = backend.compiled.compile_s
         elif cache is not None:
             report[label]["compile_s"] = "failed: eager kernels"
+        check = [RenderItem("bench", i % avatar.frame_count, cond) for i in range(8)]
+        patches[label] = [p.pixels.astype(np.int32) for p in backend.render(check)]
         if label in ("engine", "engine_compiled"):
             patch = backend.render([RenderItem("bench", 0, cond)])[0]
             report["patch_hw"] = list(patch.pixels.shape[:2])
@@ -196,6 +199,17 @@ def main() -> None:
         del backend
         if cuda:
             torch.cuda.empty_cache()
+    # the rendered patches (uint8, 8 frames at batch 8) of each variant against the eager full decode's
+    for label, got in patches.items():
+        if label != "engine_full_decode" and "engine_full_decode" in patches:
+            gaps = np.concatenate(
+                [np.abs(a - b).ravel() for a, b in zip(got, patches["engine_full_decode"], strict=True)]
+            )
+            report[f"{label}_vs_full_decode"] = {
+                "max_abs_u8": int(gaps.max()),
+                "mean_abs_u8": float(gaps.mean()),
+            }
+            print(f"[{label} vs the eager full decode] {report[f'{label}_vs_full_decode']}", flush=True)
     report["elapsed_s"] = time.perf_counter() - START_S
     if args.json:
         with open(args.json, "w") as f:

@@ -22,9 +22,6 @@ a second start loads them instead of building them.
 
 from __future__ import annotations
 
-import logging
-import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +29,8 @@ from typing import Any
 import torch
 
 from lipcast.pipeline.musetalk.decode import RowPlan, decode_rows
-from lipcast.pipeline.wav2lip.compile_cache import CacheStatus, CompileCache, CompileKey
-from lipcast.pipeline.wav2lip.compiled import Compiler, raise_recompile_limit
-
-logger = logging.getLogger(__name__)
+from lipcast.pipeline.wav2lip.compile_cache import CompileCache, CompileKey
+from lipcast.pipeline.wav2lip.compiled import BuildBook, Compiler
 
 CACHE_SUBDIR = "musetalk"
 
@@ -45,9 +40,10 @@ def musetalk_cache(root: Path) -> CompileCache:
     return CompileCache(Path(root) / CACHE_SUBDIR)
 
 
-class CompiledNetworks:
+class CompiledNetworks(BuildBook):
     """The compiled UNet step and row decode of one model pair, dtype and row plan, with the cache's
-    bookkeeping (a size is recorded in the manifest once its first call, the build or the load, returned).
+    bookkeeping (:class:`~lipcast.pipeline.wav2lip.compiled.BuildBook`: a size is recorded in the manifest
+    once its first call, the build or the load, returned).
 
     ``compiler`` replaces ``torch.compile`` (tests: a real compile on a CPU takes many minutes)."""
 
@@ -63,30 +59,9 @@ class CompiledNetworks:
         compiler: Compiler | None = None,
         per_size: bool = False,
     ) -> None:
-        self.key, self.cache, self.batch_sizes = key, cache, tuple(batch_sizes)
-        self.status: CacheStatus = cache.status(key)
-        self.compile_s: dict[int, float] = {}
-        self._seen: set[int] = set()
-        missing = self.status.missing(self.batch_sizes)
-        if self.status.mismatch is not None:
-            logger.warning(
-                "%s; compiling anew into %s (minutes)", self.status.mismatch, self.status.directory
-            )
-        elif missing:
-            logger.info(
-                "musetalk compile cache %s: batch sizes %s not built yet, building them at warm-up (minutes)",
-                self.status.directory,
-                ",".join(map(str, missing)),
-            )
-        else:
-            logger.info(
-                "musetalk compile cache %s holds every batch size: loading kernels", self.status.directory
-            )
-        self.status.directory.mkdir(parents=True, exist_ok=True)
-        # Inductor's FX graph, autotuning and Triton caches follow this variable (process-wide by design)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
-        raise_recompile_limit(2 * len(self.batch_sizes) + 4)
-
+        super().__init__(
+            "musetalk", key, cache, batch_sizes, "a start with --musetalk-compile on builds them"
+        )
         self.per_size = per_size
 
         def unet_step(latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
@@ -107,22 +82,11 @@ class CompiledNetworks:
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """(N, 8, 32, 32) latents, (1,) timestep, (N, 50, D) contexts -> (N, 3, R, 256) faces."""
         size = int(latents.shape[0])
-        if size in self._seen:
+        if self.seen(size):
             return self._run(latents, timestep, context)
         if size > 1 and not self.per_size:
             _mark_batch_dynamic(latents, context)
-        cached = size in self.status.built_sizes
-        logger.info("musetalk: %s compiled kernels of batch %d", "loading" if cached else "building", size)
-        start_s = time.perf_counter()
-        out = self._run(latents, timestep, context)
-        if latents.is_cuda and not torch.cuda.is_current_stream_capturing():
-            torch.cuda.synchronize(latents.device)
-        elapsed_s = time.perf_counter() - start_s
-        self._seen.add(size)
-        self.compile_s[size] = elapsed_s
-        self.cache.record(self.key, (size,), None if cached else elapsed_s)
-        logger.info("musetalk: batch %d compiled kernels ready in %.1f s", size, elapsed_s)
-        return out
+        return self.first_call(size, latents.device, lambda: self._run(latents, timestep, context))
 
 
 def _mark_batch_dynamic(*tensors: torch.Tensor) -> None:
