@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 29's acceptance figures on the GPU device, random weights of the published configuration:
-#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager and with
-#           the compiled kernels, batch 1, 8, 32 (benchmarks/musetalk_bench.py; its own compile cache);
+#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager (row and
+#           full decode) and with the compiled kernels, batch BENCH_SIZES (1,8,32), each engine's patches
+#           against the eager full decode's (benchmarks/musetalk_bench.py; its own compile cache);
 #   tests:  the `gpu`-marked MuseTalk tests;
 #   build:  full-size random weights written in the published layout, a 512 px avatar, then a server start
 #           with --musetalk-compile on and an empty compile cache, to /readyz: the first build's time;
@@ -47,7 +48,7 @@ if has bench; then
   step "step benchmark: reference beside the engine (eager and compiled), batch 1, 8, 32"
   tiny=()
   [ -n "$TINY" ] && tiny=(--tiny)
-  timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes 1,8,32 --iters 20 \
+  timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
     --compile-cache "$WORK/bench-cache" --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
     | cut -c1-300 | tee -a "$OUT/summary.txt"
 fi
