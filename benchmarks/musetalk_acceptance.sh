@@ -49,7 +49,7 @@ if has bench; then
   tiny=()
   [ -n "$TINY" ] && tiny=(--tiny)
   timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
-    --compile-cache "$WORK/bench-cache" --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
+    --compile-cache "$WORK/bench-cache" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
     | cut -c1-300 | tee -a "$OUT/summary.txt"
 fi
 

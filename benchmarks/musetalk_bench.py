@@ -14,7 +14,7 @@ spec's full-size configuration (``--tiny``: the tests' small one, for a dry run 
 * ``engine_full_decode``: the same with ``decode="full"``.
 * ``engine_compiled`` (``--compile-cache DIR``): the engine with the UNet and the row decode as
   ``torch.compile`` kernels (:mod:`lipcast.pipeline.musetalk.compiled`) inside its graphs; the build (or the
-  load from DIR) is part of its ready time. ``--only-compiled`` skips the eager engine variants.
+  load from DIR) is part of its ready time. ``--only-compiled`` skips the eager engine's row decode.
 * ``rows_vs_full``: the decoded faces' rows 128..255 (what the mask can use), uint8, row decode against full.
 """
 
@@ -141,9 +141,8 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     avatar = synthetic_avatar("bench", frames=16)
-    variants = [("engine", "rows")] + ([] if args.skip_full_decode else [("engine_full_decode", "full")])
-    if args.only_compiled:
-        variants = []
+    variants = [] if args.only_compiled else [("engine", "rows")]
+    variants += [] if args.skip_full_decode else [("engine_full_decode", "full")]
     if args.compile_cache:
         variants.append(("engine_compiled", "rows"))
     patches: dict[str, list[Any]] = {}

@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from musetalk_bench import timed_ms  # this folder (run as a script)
 
 from lipcast.pipeline.musetalk.config import full_configs
 from lipcast.pipeline.musetalk.decode import decode_full, decode_rows, plan_rows
@@ -52,17 +53,6 @@ def graphed_ms(fn: Callable[[], Any], iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
         graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1000.0 / iters
-
-
-def eager_ms(fn: Callable[[], Any], iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1000.0 / iters
 
@@ -114,7 +104,7 @@ def main() -> None:
         return unet(x, timestep, encoder_hidden_states=context).sample
 
     with torch.no_grad():
-        record("reference_ms", eager_ms(lambda: decode_full(vae, unet_fn()), args.iters))
+        record("reference_ms", timed_ms(lambda: decode_full(vae, unet_fn()), args.iters, cuda=True))
         full_u8 = to_u8(decode_full(vae, z)[:, :, 128:])
         record("whisper_graph_ms", graphed_ms(lambda: whisper(mel, output_hidden_states=True), args.iters))
 
