@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Issue 29's acceptance figures on the GPU device, random weights of the published configuration:
-#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager (row and
-#           full decode) and with the compiled kernels, batch BENCH_SIZES (1,8,32), each engine's patches
-#           against the eager full decode's (benchmarks/musetalk_bench.py; its own compile cache);
-#   tests:  the `gpu`-marked MuseTalk tests;
 #   build:  full-size random weights written in the published layout, a 512 px avatar, then a server start
 #           with --musetalk-compile on and an empty compile cache, to /readyz: the first build's time;
 #   serve:  a cold start with that (warm) cache, to /readyz; one call (generated bursts, marker release):
 #           audio in -> mouth moves at the default lookahead (80 ms); then RAMP steps of continuously
-#           speaking calls (a voiced signal without pauses), STEP_S each: fps, frame gaps, audio returned.
-# STEPS picks them (default: all). A device command may run 10 minutes, so there it runs as two commands on
-# one machine sharing WORK:
-#   WORK=/tmp/mt-work STEPS="bench tests" bash benchmarks/musetalk_acceptance.sh
-#   WORK=/tmp/mt-work STEPS="build serve" bash benchmarks/musetalk_acceptance.sh
+#           speaking calls (a voiced signal without pauses), STEP_S each: fps, frame gaps, audio returned;
+#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager (row and
+#           full decode) and with the compiled kernels (loaded from the server's cache when build ran),
+#           batch BENCH_SIZES (1,8,32), each engine's patches against the eager full decode's
+#           (benchmarks/musetalk_bench.py; BENCH_ARGS: more of its options);
+#   tests:  the `gpu`-marked MuseTalk tests.
+# STEPS picks them (default: all, in that order). A device command may run 10 minutes; there:
+#   STEPS="build serve bench" BENCH_SIZES=32 BENCH_ARGS=--only-compiled bash benchmarks/musetalk_acceptance.sh
+#   STEPS="bench tests" bash benchmarks/musetalk_acceptance.sh   # a second command: all sizes, the tests
 # aiortc, av and webrtcvad come from WHEELS (a folder of wheels) when they are not installed.
 # Results in $OUT (summary.txt, JSON, logs.tgz). DEVICE=cpu TINY=1 RAMP=2 STEP_S=5: a dry run on a CPU.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/musetalk-acceptance}
 WORK=${WORK:-$(mktemp -d)}
-STEPS=${STEPS:-bench tests build serve}
+STEPS=${STEPS:-build serve bench tests}
 PY=${PY:-python3}
 PORT=${PORT:-8094}
 DEVICE=${DEVICE:-cuda}
@@ -43,21 +43,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 $PY -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'diffusers', diffusers.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/summary.txt"
 { git log -1 --format='commit %h' 2> /dev/null || sed 's/^/commit /' COMMIT; } | tee -a "$OUT/summary.txt"
-
-if has bench; then
-  step "step benchmark: reference beside the engine (eager and compiled), batch 1, 8, 32"
-  tiny=()
-  [ -n "$TINY" ] && tiny=(--tiny)
-  timeout 300 $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
-    --compile-cache "$WORK/bench-cache" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
-    | cut -c1-300 | tee -a "$OUT/summary.txt"
-fi
-
-if has tests; then
-  step "GPU tests"
-  timeout 150 $PY -m pytest -q -s -m gpu tests/pipeline -k musetalk -p no:cacheprovider 2>&1 \
-    | grep -E "vs|passed|failed|Error|assert" | cut -c1-300 | tee -a "$OUT/summary.txt"
-fi
 
 if has build || has serve; then
   $PY -c "import aiortc, av, webrtcvad" 2> /dev/null \
@@ -141,7 +126,9 @@ if has serve; then
   $PY benchmarks/ramp_summary.py "$OUT/probe_one.json" musetalk 1 | tee -a "$OUT/summary.txt"
   for n in $RAMP; do
     left=$((LIMIT_S - ($(date +%s) - START)))
-    if [ "$left" -lt $((STEP_S + 30)) ]; then
+    reserve=0
+    has bench && reserve=${BENCH_RESERVE_S:-110}  # the step benchmark after the ramp
+    if [ "$left" -lt $((STEP_S + 30 + reserve)) ]; then
       note "ramp $n: skipped ($left s left)"
       continue
     fi
@@ -161,4 +148,20 @@ if has serve; then
   grep -c "event loop stalled" "$WORK/serve_warm.log" | sed "s/^/event-loop stalls logged: /" | tee -a "$OUT/summary.txt"
   logs
 fi
+if has bench; then
+  step "step benchmark: reference beside the engine (eager and compiled), batch 1, 8, 32"
+  tiny=()
+  [ -n "$TINY" ] && tiny=(--tiny)
+  left=$((LIMIT_S - ($(date +%s) - START) - 10))
+  timeout $left $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
+    --compile-cache "$CACHE" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
+    | cut -c1-300 | tee -a "$OUT/summary.txt"
+fi
+
+if has tests; then
+  step "GPU tests"
+  timeout 150 $PY -m pytest -q -s -m gpu tests/pipeline -k musetalk -p no:cacheprovider 2>&1 \
+    | grep -E "vs|passed|failed|Error|assert" | cut -c1-300 | tee -a "$OUT/summary.txt"
+fi
+
 step done
