@@ -14,7 +14,8 @@
 #   STEPS="build serve bench" BENCH_SIZES=32 BENCH_ARGS=--only-compiled bash benchmarks/musetalk_acceptance.sh
 #   STEPS="bench tests" bash benchmarks/musetalk_acceptance.sh   # a second command: all sizes, the tests
 # aiortc, av and webrtcvad come from WHEELS (a folder of wheels) when they are not installed.
-# Results in $OUT (summary.txt, JSON, logs.tgz). DEVICE=cpu TINY=1 RAMP=2 STEP_S=5: a dry run on a CPU.
+# Results in $OUT (summary.txt, JSON, logs.tgz). On a small CPU box, a dry run:
+#   DEVICE=cpu TINY=1 RAMP=2 STEP_S=6 SERVER_CPUS=0 CLIENT_CPUS=1 WORKERS=1 STEPS="build serve" bash ...
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/musetalk-acceptance}
@@ -29,6 +30,9 @@ ONE_CALL_S=${ONE_CALL_S:-20}
 LIMIT_S=${LIMIT_S:-590}   # the whole command; a ramp step starts only if it can end before this
 TINY=${TINY:-}
 WHEELS=${WHEELS:-}
+SERVER_CPUS=${SERVER_CPUS:-0-9}   # as media_workers_ramp.sh: the server on 10 cores, the probe's clients on 6
+CLIENT_CPUS=${CLIENT_CPUS:-10-15}
+WORKERS=${WORKERS:-10}
 CACHE=$WORK/compile-cache
 START=$(date +%s)
 mkdir -p "$OUT" "$WORK"
@@ -90,9 +94,9 @@ serve() {  # $1 tag; the rest: extra serve flags. Starts the server, waits for /
   local tag=$1 t0
   shift
   t0=$(date +%s.%N)
-  $PY -m lipcast serve --backend musetalk --musetalk-weights "$WORK/weights" --device "$DEVICE" --port "$PORT" \
+  taskset -c "$SERVER_CPUS" $PY -m lipcast serve --backend musetalk --musetalk-weights "$WORK/weights" --device "$DEVICE" --port "$PORT" \
     --avatar-dir "$WORK/avatars" --avatar astronaut512 --max-sessions 40 --ice-address 127.0.0.1 \
-    --compile-cache-dir "$CACHE" "$@" > "$WORK/serve_$tag.log" 2>&1 &
+    --compile-cache-dir "$CACHE" --media-workers "$WORKERS" "$@" > "$WORK/serve_$tag.log" 2>&1 &
   SERVER=$!
   until curl -sf "http://127.0.0.1:$PORT/readyz" > /dev/null 2>&1; do
     kill -0 $SERVER 2> /dev/null || break
@@ -120,7 +124,7 @@ if has serve; then
   step "cold start with the warm compile cache"
   serve warm
   step "one call: audio in -> mouth moves (default lookahead)"
-  timeout $((ONE_CALL_S + 40)) $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
+  timeout $((ONE_CALL_S + 40)) taskset -c "$CLIENT_CPUS" $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
     --duration-s "$ONE_CALL_S" --video-release marker --json "$OUT/probe_one.json" 2>&1 | grep -v " INFO " \
     | head -30 > "$WORK/probe_one.txt"
   $PY benchmarks/ramp_summary.py "$OUT/probe_one.json" musetalk 1 | tee -a "$OUT/summary.txt"
@@ -136,8 +140,9 @@ if has serve; then
     gpu="$WORK/gpu_$n.csv"
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$gpu" 2> /dev/null &
     smi=$!
-    procs=$(((n + 7) / 8))
-    timeout $((left - 5)) $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
+    procs=$(((n + 2) / 3))  # 512 px: a client process decodes about 3 calls' video in real time
+    [ "$procs" -gt 6 ] && procs=6
+    timeout $((left - 5)) taskset -c "$CLIENT_CPUS" $PY -m lipcast probe "http://127.0.0.1:$PORT" --ice-address 127.0.0.1 \
       --sessions "$n" --client-processes "$procs" --ramp-s 2 --duration-s "$STEP_S" --wav "$WORK/speech.wav" \
       --json "$OUT/probe_ramp_$n.json" > "$WORK/probe_ramp_$n.txt" 2>&1
     kill $smi 2> /dev/null
