@@ -2,17 +2,18 @@
 # Issue 29's acceptance figures on the GPU device, random weights of the published configuration:
 #   build:  full-size random weights written in the published layout, a 512 px avatar, then a server start
 #           with --musetalk-compile on and an empty compile cache, to /readyz: the first build's time;
+#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager (row and
+#           full decode) and with the compiled kernels (built into the same cache, or loaded when build
+#           ran), batch BENCH_SIZES (1,8,32), each engine's patches against the eager full decode's
+#           (benchmarks/musetalk_bench.py; BENCH_ARGS: more of its options);
 #   serve:  a cold start with that (warm) cache, to /readyz; one call (generated bursts, marker release):
 #           audio in -> mouth moves at the default lookahead (80 ms); then RAMP steps of continuously
 #           speaking calls (a voiced signal without pauses), STEP_S each: fps, frame gaps, audio returned;
-#   bench:  the reference step (diffusers UNet + vae.decode, eager fp16) beside the engine, eager (row and
-#           full decode) and with the compiled kernels (loaded from the server's cache when build ran),
-#           batch BENCH_SIZES (1,8,32), each engine's patches against the eager full decode's
-#           (benchmarks/musetalk_bench.py; BENCH_ARGS: more of its options);
 #   tests:  the `gpu`-marked MuseTalk tests.
 # STEPS picks them (default: all, in that order). A device command may run 10 minutes; there:
-#   STEPS="build serve bench" BENCH_SIZES=32 BENCH_ARGS=--only-compiled bash benchmarks/musetalk_acceptance.sh
-#   STEPS="bench tests" bash benchmarks/musetalk_acceptance.sh   # a second command: all sizes, the tests
+#   STEPS="bench serve" BENCH_SIZES=1,32 BENCH_ARGS=--only-compiled bash benchmarks/musetalk_acceptance.sh
+#   (the bench builds the kernels every bucket uses: batch 1's and the symbolic batch's; the server then
+#   starts warm), or with a first build of its own: STEPS="build bench serve"; STEPS=tests apart.
 # aiortc, av and webrtcvad come from WHEELS (a folder of wheels) when they are not installed.
 # Results in $OUT (summary.txt, JSON, logs.tgz). On a small CPU box, a dry run:
 #   DEVICE=cpu TINY=1 RAMP=2 STEP_S=6 SERVER_CPUS=0 CLIENT_CPUS=1 WORKERS=1 STEPS="build serve" bash ...
@@ -20,7 +21,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/musetalk-acceptance}
 WORK=${WORK:-$(mktemp -d)}
-STEPS=${STEPS:-build serve bench tests}
+STEPS=${STEPS:-build bench serve tests}
 PY=${PY:-python3}
 PORT=${PORT:-8094}
 DEVICE=${DEVICE:-cuda}
@@ -53,7 +54,7 @@ if has build || has serve; then
     || { [ -n "$WHEELS" ] && $PY -m pip install -q --no-deps "$WHEELS"/*.whl 2>&1 | tail -2; }
 fi
 
-if has build; then
+if has build || has serve; then
   step "weights (random, published layout), a 512 px avatar, continuous speech"
   $PY - "$WORK" "${TINY:-}" "$STEP_S" << 'EOF'
 import sys, wave
@@ -120,6 +121,16 @@ if has build; then
   logs
 fi
 
+if has bench; then
+  step "step benchmark: reference beside the engine (eager and compiled), batch ${BENCH_SIZES:-1,8,32}"
+  tiny=()
+  [ -n "$TINY" ] && tiny=(--tiny)
+  left=$((LIMIT_S - ($(date +%s) - START) - 10))
+  timeout $left $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
+    --compile-cache "$CACHE" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
+    | cut -c1-300 | tee -a "$OUT/summary.txt"
+fi
+
 if has serve; then
   step "cold start with the warm compile cache"
   serve warm
@@ -130,9 +141,7 @@ if has serve; then
   $PY benchmarks/ramp_summary.py "$OUT/probe_one.json" musetalk 1 | tee -a "$OUT/summary.txt"
   for n in $RAMP; do
     left=$((LIMIT_S - ($(date +%s) - START)))
-    reserve=0
-    has bench && reserve=${BENCH_RESERVE_S:-110}  # the step benchmark after the ramp
-    if [ "$left" -lt $((STEP_S + 30 + reserve)) ]; then
+    if [ "$left" -lt $((STEP_S + 30)) ]; then
       note "ramp $n: skipped ($left s left)"
       continue
     fi
@@ -153,16 +162,6 @@ if has serve; then
   grep -c "event loop stalled" "$WORK/serve_warm.log" | sed "s/^/event-loop stalls logged: /" | tee -a "$OUT/summary.txt"
   logs
 fi
-if has bench; then
-  step "step benchmark: reference beside the engine (eager and compiled), batch 1, 8, 32"
-  tiny=()
-  [ -n "$TINY" ] && tiny=(--tiny)
-  left=$((LIMIT_S - ($(date +%s) - START) - 10))
-  timeout $left $PY benchmarks/musetalk_bench.py "${tiny[@]}" --sizes "${BENCH_SIZES:-1,8,32}" --iters 20 \
-    --compile-cache "$CACHE" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | grep -E "^\[|Error|Traceback" \
-    | cut -c1-300 | tee -a "$OUT/summary.txt"
-fi
-
 if has tests; then
   step "GPU tests"
   timeout 150 $PY -m pytest -q -s -m gpu tests/pipeline -k musetalk -p no:cacheprovider 2>&1 \
