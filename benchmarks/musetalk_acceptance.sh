@@ -19,6 +19,7 @@
 #   DEVICE=cpu TINY=1 RAMP=2 STEP_S=6 SERVER_CPUS=0 CLIENT_CPUS=1 WORKERS=1 STEPS="build serve" bash ...
 set -u
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # benchmarks/*.py import lipcast from the checkout
 OUT=${OUT:-/tmp/musetalk-acceptance}
 WORK=${WORK:-$(mktemp -d)}
 STEPS=${STEPS:-build bench serve tests}
@@ -47,7 +48,7 @@ step "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
 $PY -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'diffusers', diffusers.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/summary.txt"
-{ git log -1 --format='commit %h' 2> /dev/null || sed 's/^/commit /' COMMIT; } | tee -a "$OUT/summary.txt"
+{ [ -f COMMIT ] && sed 's/^/commit /' COMMIT || git log -1 --format='commit %h'; } | tee -a "$OUT/summary.txt"
 
 if has build || has serve; then
   $PY -c "import aiortc, av, webrtcvad" 2> /dev/null \

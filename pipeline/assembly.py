@@ -132,7 +132,10 @@ def _compile_cache_dir(
     root = config.compile_cache_dir or default_cache_root()
     cache = musetalk_cache(root) if config.backend == MUSETALK else CompileCache(root)
     key = environment_key(device, torch.float16, mode)
-    if choice == "on" or cache.has_build(key, batch_sizes):
+    hint = "--musetalk-compile on builds them at start" if config.backend == MUSETALK else None
+    if choice == "on" or (
+        cache.has_build(key, batch_sizes, hint) if hint else cache.has_build(key, batch_sizes)
+    ):
         return root
     return None
 

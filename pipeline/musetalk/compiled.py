@@ -6,10 +6,10 @@ What is compiled is the per-frame network work on a gathered batch,
     face = decode_rows(vae, unet(latents, 0, context).sample, plan)  # (N,8,32,32), (N,50,384) -> (N,3,R,256)
 
 as two graphs (the UNet; the decode) in the :class:`~lipcast.pipeline.wav2lip.compile_cache.CompileKey`'s
-mode. The batch dimension is symbolic (``mark_dynamic``) for every bucket from 2 up, so one build serves
-them all (cuDNN still picks its convolutions per shape at warm-up); batch 1 is its own graph (Dynamo
-specialises size 1). Building a graph per bucket instead (``per_size=True``) multiplies the build time by
-the number of buckets. Inductor fuses what eager runs as separate
+mode, one specialised pair per bucket (``dynamic=False``, as for Wav2Lip). ``per_size=False`` makes the
+batch dimension symbolic (``mark_dynamic``) for every bucket from 2 up, so that one build would serve them
+all; on the GPU device (torch 2.11, diffusers 0.42.1) that build failed in Inductor ("not simple sympy
+type"), so it is not the default. Inductor fuses what eager runs as separate
 kernels around cuDNN's convolutions: each GroupNorm with its SiLU and the residual adds (the decoder's
 GroupNorms at 128-256 px are most of its memory traffic). Inductor's own CUDA graphs are never used: the
 backend captures these kernels inside its graph per bucket, together with whisper, the gathers and the blend,
@@ -57,7 +57,7 @@ class CompiledNetworks(BuildBook):
         batch_sizes: Sequence[int],
         *,
         compiler: Compiler | None = None,
-        per_size: bool = False,
+        per_size: bool = True,
     ) -> None:
         super().__init__(
             "musetalk", key, cache, batch_sizes, "a start with --musetalk-compile on builds them"
