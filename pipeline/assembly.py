@@ -125,17 +125,21 @@ def _compile_cache_dir(
     if not resolve_compile(choice, device):
         return None
     from lipcast.pipeline.musetalk.compiled import musetalk_cache
-    from lipcast.pipeline.wav2lip.compile_cache import CompileCache, default_cache_root, environment_key
+    from lipcast.pipeline.wav2lip.compile_cache import (
+        MUSETALK_BUILD_HINT,
+        WAV2LIP_BUILD_HINT,
+        CompileCache,
+        default_cache_root,
+        environment_key,
+    )
 
     # auto: the compiled kernels when a build for this environment exists (no surprise minutes-long
     # start); on: build what is missing at start.
     root = config.compile_cache_dir or default_cache_root()
     cache = musetalk_cache(root) if config.backend == MUSETALK else CompileCache(root)
     key = environment_key(device, torch.float16, mode)
-    hint = "--musetalk-compile on builds them at start" if config.backend == MUSETALK else None
-    if choice == "on" or (
-        cache.has_build(key, batch_sizes, hint) if hint else cache.has_build(key, batch_sizes)
-    ):
+    hint = MUSETALK_BUILD_HINT if config.backend == MUSETALK else WAV2LIP_BUILD_HINT
+    if choice == "on" or cache.has_build(key, batch_sizes, hint):
         return root
     return None
 
