@@ -35,12 +35,13 @@ export async function getJson(path) {
 }
 
 /**
- * POST the (fully gathered) offer; resolves to the answer
+ * POST the (fully gathered) offer, with ``options`` such as {face_enhance, face_enhance_strength} in the
+ * same JSON; resolves to the answer
  * {sdp, type, session_id, avatar: {name, width, height, mouth_box}}.
  * Server errors become a UserError carrying the server's {"error"} message.
  */
-export async function postOffer(desc, avatar, signal) {
-  const body = { sdp: desc.sdp, type: desc.type };
+export async function postOffer(desc, avatar, signal, options = {}) {
+  const body = { sdp: desc.sdp, type: desc.type, ...options };
   if (avatar) body.avatar = avatar;
   let res;
   try {
