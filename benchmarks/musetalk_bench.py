@@ -12,6 +12,9 @@ spec's full-size configuration (``--tiny``: the tests' small one, for a dry run 
   whisper encoder on each item's 30 s input, windows + PE, UNet, the row decode, resize and blend into the
   patch, download, in one CUDA graph per size (fp16, channels_last).
 * ``engine_full_decode``: the same with ``decode="full"``.
+* ``engine_compiled`` (``--compile-cache DIR``): the engine with the UNet and the row decode as
+  ``torch.compile`` kernels (:mod:`lipcast.pipeline.musetalk.compiled`) inside its graphs; the build (or the
+  load from DIR) is part of its ready time. ``--only-compiled`` skips the eager engine's row decode.
 * ``rows_vs_full``: the decoded faces' rows 128..255 (what the mask can use), uint8, row decode against full.
 """
 
@@ -23,13 +26,16 @@ import platform
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from lipcast.pipeline.backend import RenderItem
+from lipcast.pipeline.defaults import COMPILE_MODE, COMPILE_MODES
 from lipcast.pipeline.musetalk.backend import MuseTalkBackend
+from lipcast.pipeline.musetalk.compiled import musetalk_cache
 from lipcast.pipeline.musetalk.config import full_configs, tiny_configs
 from lipcast.pipeline.musetalk.decode import decode_full, decode_rows, plan_rows
 from lipcast.pipeline.musetalk.weights import random_models
@@ -72,6 +78,12 @@ def main() -> None:
     parser.add_argument("--json", default="")
     parser.add_argument("--skip-full-decode", action="store_true")
     parser.add_argument("--all-sizes", action="store_true", help="warm every default batch size (ready time)")
+    parser.add_argument(
+        "--compile-cache", default="", help="also the compiled engine, its kernels cached here"
+    )
+    parser.add_argument("--compile-mode", default=COMPILE_MODE, choices=COMPILE_MODES)
+    parser.add_argument("--only-compiled", action="store_true")
+    parser.add_argument("--default-format", action="store_true", help="the engine without channels_last")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     cuda = torch.cuda.is_available()
@@ -129,8 +141,13 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     avatar = synthetic_avatar("bench", frames=16)
-    variants = [("engine", "rows")] + ([] if args.skip_full_decode else [("engine_full_decode", "full")])
+    variants = [] if args.only_compiled else [("engine", "rows")]
+    variants += [] if args.skip_full_decode else [("engine_full_decode", "full")]
+    if args.compile_cache:
+        variants.append(("engine_compiled", "rows"))
+    patches: dict[str, list[Any]] = {}
     for label, decode in variants:
+        cache = musetalk_cache(Path(args.compile_cache)) if label == "engine_compiled" else None
         t0 = time.perf_counter()
         # every default batch size is warmed (as the server does before ready); the requested ones are timed
         backend = MuseTalkBackend(
@@ -138,6 +155,9 @@ def main() -> None:
             device=device,
             batch_sizes=None if args.all_sizes else sizes,
             decode=decode,
+            compile_cache=cache,
+            compile_mode=args.compile_mode,
+            channels_last=False if args.default_format else None,
         )
         backend.add_avatar(avatar)
         warm = backend.warmup()
@@ -165,12 +185,30 @@ def main() -> None:
             "fp16": backend.fp16_report,
             "dtype": str(backend.dtype),
         }
-        if label == "engine":
+        if backend.compiled is not None:
+            report[label]["compile_s"] = backend.compiled.compile_s
+        elif cache is not None:
+            report[label]["compile_s"] = "failed: eager kernels"
+        check = [RenderItem("bench", i % avatar.frame_count, cond) for i in range(8)]
+        patches[label] = [p.pixels.astype(np.int32) for p in backend.render(check)]
+        if label in ("engine", "engine_compiled"):
             patch = backend.render([RenderItem("bench", 0, cond)])[0]
             report["patch_hw"] = list(patch.pixels.shape[:2])
+            report[f"{label}_patch_sum"] = int(patch.pixels.astype(np.int64).sum())
         del backend
         if cuda:
             torch.cuda.empty_cache()
+    # the rendered patches (uint8, 8 frames at batch 8) of each variant against the eager full decode's
+    for label, got in patches.items():
+        if label != "engine_full_decode" and "engine_full_decode" in patches:
+            gaps = np.concatenate(
+                [np.abs(a - b).ravel() for a, b in zip(got, patches["engine_full_decode"], strict=True)]
+            )
+            report[f"{label}_vs_full_decode"] = {
+                "max_abs_u8": int(gaps.max()),
+                "mean_abs_u8": float(gaps.mean()),
+            }
+            print(f"[{label} vs the eager full decode] {report[f'{label}_vs_full_decode']}", flush=True)
     report["elapsed_s"] = time.perf_counter() - START_S
     if args.json:
         with open(args.json, "w") as f:

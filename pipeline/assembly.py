@@ -129,16 +129,31 @@ def load_face_restorer(config: RenderConfig) -> Restorer | None:
 def _compile_cache_dir(
     config: RenderConfig, device: torch.device, batch_sizes: tuple[int, ...]
 ) -> Path | None:
-    """Where Wav2Lip's compiled kernels come from, or None to run eager."""
-    if config.backend != WAV2LIP or not resolve_compile(config.wav2lip_compile, device):
+    """Where Wav2Lip's or MuseTalk's compiled kernels come from, or None to run eager."""
+    if config.backend == WAV2LIP:
+        choice, mode = config.wav2lip_compile, config.wav2lip_compile_mode
+    elif config.backend == MUSETALK:
+        choice, mode = config.musetalk_compile, COMPILE_MODE
+    else:
         return None
-    from lipcast.pipeline.wav2lip.compile_cache import CompileCache, default_cache_root, environment_key
+    if not resolve_compile(choice, device):
+        return None
+    from lipcast.pipeline.musetalk.compiled import musetalk_cache
+    from lipcast.pipeline.wav2lip.compile_cache import (
+        MUSETALK_BUILD_HINT,
+        WAV2LIP_BUILD_HINT,
+        CompileCache,
+        default_cache_root,
+        environment_key,
+    )
 
     # auto: the compiled kernels when a build for this environment exists (no surprise minutes-long
     # start); on: build what is missing at start.
     root = config.compile_cache_dir or default_cache_root()
-    key = environment_key(device, torch.float16, config.wav2lip_compile_mode)
-    if config.wav2lip_compile == "on" or CompileCache(root).has_build(key, batch_sizes):
+    cache = musetalk_cache(root) if config.backend == MUSETALK else CompileCache(root)
+    key = environment_key(device, torch.float16, mode)
+    hint = MUSETALK_BUILD_HINT if config.backend == MUSETALK else WAV2LIP_BUILD_HINT
+    if choice == "on" or cache.has_build(key, batch_sizes, hint):
         return root
     return None
 
@@ -224,6 +239,7 @@ def create_backend(
         )
     if name == MUSETALK:
         from lipcast.pipeline.musetalk.backend import MuseTalkBackend
+        from lipcast.pipeline.musetalk.compiled import musetalk_cache
 
         rc = render_config or RenderConfig(backend=MUSETALK)
         return MuseTalkBackend(
@@ -234,5 +250,6 @@ def create_backend(
             lookahead_ms=lookahead_ms,
             floor=rc.musetalk_floor,
             decode=rc.musetalk_decode,
+            compile_cache=None if compile_cache_dir is None else musetalk_cache(compile_cache_dir),
         )
     raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")

@@ -131,6 +131,8 @@ def resolve_compile(choice: str, device: torch.device) -> bool:
     available = compile_available(device)
     if choice == "on" and not available:
         logger.warning(
-            "--wav2lip-compile on needs a CUDA device with Triton (%s here): eager kernels", device.type
+            "compiled kernels (--wav2lip-compile or --musetalk-compile on) need a CUDA device with Triton"
+            " (%s here): eager kernels",
+            device.type,
         )
     return available

@@ -29,6 +29,7 @@ class RenderConfig:
     musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
+    musetalk_compile: str = "auto"  # auto | on | off, as wav2lip_compile
     face_enhance_weights: Path | None = None  # the sharpen stage's restorer (pipeline/enhance), Wav2Lip only
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins
     default_avatar: str = ""

@@ -86,6 +86,8 @@ class Settings:
     musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
+    # torch.compile of MuseTalk's UNet and row decode per bucket, as --wav2lip-compile (auto: when built)
+    musetalk_compile: str = "auto"
     # Face post-processing (lipcast[enhance]; docs/sharpen.md): the default mode of a session that names
     # none, its default strength, the restorer weights file, and whether sharpen may run on a CPU
     face_enhance: str = OFF
@@ -170,6 +172,8 @@ class Settings:
             problems.append("wav2lip_alignment must be 'inference' or 'training'")
         if self.wav2lip_compile not in ("auto", "on", "off"):
             problems.append("wav2lip_compile must be auto, on or off")
+        if self.musetalk_compile not in ("auto", "on", "off"):
+            problems.append("musetalk_compile must be auto, on or off")
         if self.wav2lip_compile_mode not in COMPILE_MODES:
             problems.append("wav2lip_compile_mode must be max-autotune-no-cudagraphs or default")
         if self.batch_sizes and min(self.batch_sizes) < 1:
@@ -242,6 +246,7 @@ class Settings:
             musetalk_context_s=self.musetalk_context_s,
             musetalk_floor=self.musetalk_floor,
             musetalk_decode=self.musetalk_decode,
+            musetalk_compile=self.musetalk_compile,
             face_enhance_weights=self.face_enhance_weights,
             compile_cache_dir=self.compile_cache_dir,
             avatar_dirs=self.avatar_search_path(),

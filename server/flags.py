@@ -185,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(
         p,
+        "--musetalk-compile",
+        "torch.compile MuseTalk's UNet and decode per batch size: auto (default) uses them on CUDA when a"
+        " start with `on` has built them into the compile cache, on also builds them at start (minutes the"
+        " first time), off never",
+        choices=("auto", "on", "off"),
+    )
+    _option(
+        p,
         "--face-enhance",
         "face post-processing of a session that asks for none: off (default) or sharpen (a restorer on the"
         " mouth; needs --face-enhance-weights; docs/sharpen.md)",

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 
 from lipcast.pipeline.avatar import Avatar
 from lipcast.pipeline.backend import RenderedPatch, RenderItem
-from lipcast.pipeline.defaults import MUSETALK, default_batch_sizes
+from lipcast.pipeline.defaults import COMPILE_MODE, MUSETALK, default_batch_sizes
 from lipcast.pipeline.musetalk.cache import AvatarAssets, compute_assets, read_cache
+from lipcast.pipeline.musetalk.compiled import CompiledNetworks
 from lipcast.pipeline.musetalk.config import FACE_SIZE
 from lipcast.pipeline.musetalk.decode import DEFAULT_FIRST_FACE_ROW, decode_rows, plan_rows
 from lipcast.pipeline.musetalk.faces import center_rows
@@ -57,6 +58,8 @@ from lipcast.pipeline.musetalk.mel import N_MELS, PIECE_COLUMNS, SAMPLE_RATE_HZ
 from lipcast.pipeline.musetalk.weights import MuseTalkModels, find_weights, load_models
 from lipcast.pipeline.timing import FPS
 from lipcast.pipeline.warmup import speech_like_audio, time_batch_sizes
+from lipcast.pipeline.wav2lip.compile_cache import CompileCache, environment_key
+from lipcast.pipeline.wav2lip.compiled import Compiler
 from lipcast.pipeline.wav2lip.gather import gather_rows, rows_without
 from lipcast.pipeline.wav2lip.tables import CANVAS_MULTIPLE_PX, AvatarEntry, batch_rows, remove_entry
 
@@ -103,8 +106,17 @@ class MuseTalkBackend:
         latent_mode: str = "mean",
         cuda_graphs: bool = True,
         check_fp16_range: bool = True,
+        compile_cache: CompileCache | None = None,
+        compile_mode: str = COMPILE_MODE,
+        compiler: Compiler | None = None,
+        channels_last: bool | None = None,
     ) -> None:
-        """``weights``: the weights directory (:mod:`.weights`); or ``models`` (random weights: tests)."""
+        """``weights``: the weights directory (:mod:`.weights`); or ``models`` (random weights: tests).
+
+        ``compile_cache`` (:func:`.compiled.musetalk_cache`): the buckets' UNet and decode run as
+        ``torch.compile`` kernels (:mod:`.compiled`) built or loaded at warm-up; None: eager kernels.
+        ``compiler`` replaces ``torch.compile`` (tests). ``channels_last``: the convolutions' memory format
+        (default: on CUDA)."""
         if decode not in DECODE_MODES:
             raise ValueError(f"musetalk decode {decode!r}: one of {', '.join(DECODE_MODES)}")
         self.lookahead = DEFAULT_LOOKAHEAD_MS if lookahead_ms is None else lookahead_ms
@@ -115,7 +127,8 @@ class MuseTalkBackend:
         self._cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.float16 if self._cuda else torch.float32)
         self.batch_sizes = tuple(sorted(set(batch_sizes or default_batch_sizes(self.device, MUSETALK))))
-        self.memory_format = torch.channels_last if self._cuda else torch.contiguous_format
+        use_cl = self._cuda if channels_last is None else channels_last
+        self.memory_format = torch.channels_last if use_cl else torch.contiguous_format
         self._use_graphs = self._cuda and cuda_graphs
         self.check_fp16_range = check_fp16_range
         self.latent_mode = latent_mode
@@ -144,6 +157,20 @@ class MuseTalkBackend:
         self._pool: Any = None
         self.fp16_report: dict[str, float] = {}
         self._lock = threading.RLock()
+        self._compile_cache, self.compile_mode, self._compiler = compile_cache, compile_mode, compiler
+        self.compiled: CompiledNetworks | None = None
+        self._new_compiled()
+
+    def _new_compiled(self) -> None:
+        """The compiled networks of the current models and dtype (when compiling), built lazily per size."""
+        if self._compile_cache is None:
+            self.compiled = None
+            return
+        key = environment_key(self.device, self.dtype, self.compile_mode)
+        m = self.models
+        self.compiled = CompiledNetworks(
+            m.unet, m.vae, self.row_plan, key, self._compile_cache, self.batch_sizes, compiler=self._compiler
+        )
 
     def _place_models(self) -> None:
         m = self.models
@@ -254,17 +281,30 @@ class MuseTalkBackend:
         windows = gather_windows(states, meta[:, META_START].long(), meta[:, META_REAL].long())
         return windows + self._pe.to(windows.dtype)
 
-    def faces(self, cond: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Conditionings and table rows -> (B, 3, 256 - first row, 256) decoded faces in [-1, 1]."""
+    def faces(self, cond: torch.Tensor, rows: torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
+        """Conditionings and table rows -> (B, 3, 256 - first row, 256) decoded faces in [-1, 1].
+
+        The UNet and the decode run as the compiled kernels for a bucket's size (when compiling and
+        ``compiled``), else eager."""
         context = self.context(cond)
-        latents = gather_rows(self._latents, rows)
+        latents = gather_rows(self._latents, rows).contiguous(memory_format=self.memory_format)
         timestep = self._timestep.expand(latents.shape[0])
+        if compiled and self.compiled is not None and latents.shape[0] in self.batch_sizes:
+            try:
+                return self.compiled(latents, self._timestep, context)
+            except Exception as e:  # a compiler failure must not take rendering down
+                if self._cuda and torch.cuda.is_current_stream_capturing():
+                    raise
+                logger.warning(
+                    "torch.compile failed (%s: %s): rendering with eager kernels", type(e).__name__, e
+                )
+                self.compiled = None
         predicted = self.models.unet(latents, timestep, encoder_hidden_states=context).sample
         return decode_rows(self.models.vae, predicted, self.row_plan)
 
-    def _compute(self, cond: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _compute(self, cond: torch.Tensor, rows: torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
         """-> (B, Hc, Wc, 3) uint8 RGB canvases: the face resized into its box and blended (spec 4.3-4.4)."""
-        face = self.faces(cond, rows)
+        face = self.faces(cond, rows, compiled=compiled)
         face_u8 = torch.round((face.float() / 2 + 0.5).clamp(0, 1) * 255.0)
         geometry = self._geometry.index_select(0, rows)
         height, width = self._canvas_hw
@@ -413,7 +453,7 @@ class MuseTalkBackend:
                     handles.append(module.register_forward_hook(watch(f"{model_name}.{module_name}")))
         try:
             with torch.no_grad(), self._on_stream():
-                self._compute(cond, rows)
+                self._compute(cond, rows, compiled=False)  # the hooks watch eager modules
             self._sync()
         finally:
             for handle in handles:
@@ -427,6 +467,7 @@ class MuseTalkBackend:
             self._latents = self._latents.float()
             self._buckets.clear()
             self._pool = None
+            self._new_compiled()
         else:
             logger.info("musetalk: fp16 check passed (largest activation %.1f in %s)", worst[1], worst[0])
         return self.fp16_report

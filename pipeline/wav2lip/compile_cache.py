@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 2  # bump when what lipcast compiles (the graph's boundaries, options) changes; 2: rows.py
 MANIFEST_NAME = "manifest.json"
+WAV2LIP_BUILD_HINT = "`lipcast engine build` makes them once; --wav2lip-compile on builds them at start"
+MUSETALK_BUILD_HINT = "--musetalk-compile on builds them at start"
 # "default": Inductor's fusion without autotuning: 45 s for 4 batch sizes on the H200. max-autotune (without
 # its CUDA graphs: lipcast captures its own around the kernels) autotunes every convolution: over a minute for
 # one batch-128 graph there, unfinished when the run ended; opt-in.
@@ -149,8 +151,13 @@ class CompileCache:
             "its kernels cannot be used here",
         )
 
-    def has_build(self, key: CompileKey, sizes: tuple[int, ...]) -> bool:
-        """Whether every one of ``sizes`` was built for ``key``; logs why not (one line)."""
+    def has_build(
+        self,
+        key: CompileKey,
+        sizes: tuple[int, ...],
+        hint: str = WAV2LIP_BUILD_HINT,
+    ) -> bool:
+        """Whether every one of ``sizes`` was built for ``key``; logs why not (one line, with ``hint``)."""
         status = self.status(key)
         missing = status.missing(sizes)
         if status.mismatch is not None:
@@ -159,10 +166,10 @@ class CompileCache:
             )
         elif missing:
             logger.info(
-                "no compiled kernels for batch sizes %s in %s: rendering with eager kernels (`lipcast engine"
-                " build` makes them once; --wav2lip-compile on builds them at start)",
+                "no compiled kernels for batch sizes %s in %s: rendering with eager kernels (%s)",
                 ",".join(map(str, missing)),
                 status.directory,
+                hint,
             )
         return status.mismatch is None and not missing
 

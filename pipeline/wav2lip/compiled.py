@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -49,7 +49,7 @@ def compile_available(device: torch.device) -> bool:
     return True
 
 
-def _raise_recompile_limit(needed: int) -> None:
+def raise_recompile_limit(needed: int) -> None:
     """One graph per batch size (and dtype) of the same code: dynamo's per-code limit must allow them all."""
     import torch._dynamo
 
@@ -58,9 +58,74 @@ def _raise_recompile_limit(needed: int) -> None:
     setattr(config, name, max(int(getattr(config, name)), needed))
 
 
-class CompiledDecoder:
+T = TypeVar("T")
+
+
+class BuildBook:
+    """The bookkeeping of compiled kernels per batch size in one cache: the start's line on what the cache
+    holds, and each size's first call (the build or the load) timed, logged and recorded in the manifest.
+
+    ``label`` names the network in the log lines (``wav2lip``, ``musetalk``); ``build_hint`` says how to
+    build ahead of time. Sets ``TORCHINDUCTOR_CACHE_DIR``: Inductor's FX graph, autotuning and Triton
+    caches all follow it (read when used; process-wide by Inductor's design, so one process keeps one
+    compile cache)."""
+
+    def __init__(
+        self, label: str, key: CompileKey, cache: CompileCache, batch_sizes: Sequence[int], build_hint: str
+    ) -> None:
+        self.label, self.key, self.cache = label, key, cache
+        self.batch_sizes = tuple(batch_sizes)
+        self.status: CacheStatus = cache.status(key)
+        self.compile_s: dict[int, float] = {}  # first call (compile or cache load) per size
+        self._seen: set[int] = set()
+        status, missing = self.status, self.status.missing(self.batch_sizes)
+        if status.mismatch is not None:
+            logger.warning(
+                "%s; compiling anew into %s (minutes; %s)", status.mismatch, status.directory, build_hint
+            )
+        elif not missing:
+            logger.info("compile cache %s holds every batch size: loading kernels", status.directory)
+        else:
+            logger.info(
+                "compile cache %s: batch sizes %s not built yet, compiling them at warm-up (minutes; %s)",
+                status.directory,
+                ",".join(map(str, missing)),
+                build_hint,
+            )
+        status.directory.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(status.directory)
+        raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+
+    def seen(self, size: int) -> bool:
+        return size in self._seen
+
+    def first_call(self, size: int, device: torch.device, run: Callable[[], T]) -> T:
+        """``run()``, the first call of batch ``size``: timed (to the GPU's end), logged, recorded."""
+        position = self.batch_sizes.index(size) + 1 if size in self.batch_sizes else 0
+        cached = size in self.status.built_sizes
+        logger.info(
+            "%s: %s compiled kernels of batch %d (%d/%d)",
+            self.label,
+            "loading" if cached else "building",
+            size,
+            position,
+            len(self.batch_sizes),
+        )
+        start_s = time.perf_counter()
+        out = run()
+        if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(device)
+        elapsed_s = time.perf_counter() - start_s
+        self._seen.add(size)
+        self.compile_s[size] = elapsed_s
+        self.cache.record(self.key, (size,), None if cached else elapsed_s)
+        logger.info("%s: batch %d compiled kernels ready in %.1f s", self.label, size, elapsed_s)
+        return out
+
+
+class CompiledDecoder(BuildBook):
     """The compiled ``decode_rows(encode_audio(mel), feats)`` of one model, dtype and row plan (:mod:`.rows`),
-    with its cache bookkeeping.
+    with its cache bookkeeping (:class:`BuildBook`).
 
     ``compiler`` is ``torch.compile`` (tests pass a stand-in: a real compile on a CPU takes minutes).
     Sizes are recorded in the cache manifest once their first call (the compile) has returned.
@@ -76,18 +141,7 @@ class CompiledDecoder:
         *,
         compiler: Compiler | None = None,
     ) -> None:
-        self.key = key
-        self.cache = cache
-        self.batch_sizes = tuple(batch_sizes)
-        self.status: CacheStatus = cache.status(key)
-        self.compile_s: dict[int, float] = {}  # first call (compile or cache load) per size
-        self._seen: set[int] = set()
-        self._log_status()
-        # Inductor's FX graph, autotuning and Triton caches all follow this variable (read when used);
-        # process-wide by Inductor's design, so one process keeps one compile cache.
-        self.status.directory.mkdir(parents=True, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.status.directory)
-        _raise_recompile_limit(2 * len(self.batch_sizes) + 4)
+        super().__init__("wav2lip", key, cache, batch_sizes, "`lipcast engine build` does it ahead of time")
         register_fake_kernels()  # the model's conv units may be fused ones
 
         def decode(audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -96,45 +150,8 @@ class CompiledDecoder:
         compile_fn: Compiler = compiler or torch.compile
         self._fn: DecodeFn = compile_fn(decode, mode=key.mode, dynamic=False, fullgraph=True)
 
-    def _log_status(self) -> None:
-        status, sizes = self.status, self.batch_sizes
-        missing = status.missing(sizes)
-        if status.mismatch is not None:
-            logger.warning(
-                "%s; compiling anew into %s (minutes; `lipcast engine build` does it ahead of time)",
-                status.mismatch,
-                status.directory,
-            )
-        elif not missing:
-            logger.info("compile cache %s holds every batch size: loading kernels", status.directory)
-        else:
-            logger.info(
-                "compile cache %s: batch sizes %s not built yet, compiling them at warm-up (minutes;"
-                " `lipcast engine build` does it ahead of time)",
-                status.directory,
-                ",".join(map(str, missing)),
-            )
-
     def __call__(self, audio: torch.Tensor, feats: Sequence[torch.Tensor]) -> torch.Tensor:
         size = int(audio.shape[0])
-        if size in self._seen:
+        if self.seen(size):
             return self._fn(audio, feats)
-        position = self.batch_sizes.index(size) + 1 if size in self.batch_sizes else 0
-        cached = size in self.status.built_sizes
-        logger.info(
-            "wav2lip: %s compiled kernels of batch %d (%d/%d)",
-            "loading" if cached else "building",
-            size,
-            position,
-            len(self.batch_sizes),
-        )
-        start_s = time.perf_counter()
-        out = self._fn(audio, feats)
-        if audio.is_cuda and not torch.cuda.is_current_stream_capturing():
-            torch.cuda.synchronize(audio.device)
-        elapsed_s = time.perf_counter() - start_s
-        self._seen.add(size)
-        self.compile_s[size] = elapsed_s
-        self.cache.record(self.key, (size,), None if cached else elapsed_s)
-        logger.info("wav2lip: batch %d compiled kernels ready in %.1f s", size, elapsed_s)
-        return out
+        return self.first_call(size, audio.device, lambda: self._fn(audio, feats))
