@@ -31,3 +31,4 @@ class RenderConfig:
     musetalk_decode: str = "rows"
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins
     default_avatar: str = ""
+    builtin_hd_sizes: tuple[tuple[int, int], ...] = ()  # the built-in avatar also at these (width, height)

@@ -140,15 +140,27 @@ async def page_socket(http: aiohttp.ClientSession, port: int, deadline_s: float)
     raise TimeoutError("chromium's DevTools endpoint did not come up")
 
 
-async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
+async def run(
+    wav: Path,
+    seconds: float,
+    chromium: str,
+    size: str | None = None,
+    codec: str | None = None,
+    avatar: str | None = None,
+) -> dict[str, Any]:
+    """``size``, ``codec``, ``avatar``: what the page asks for (its ?size=, ?codec=, ?avatar=)."""
     restrict_host_addresses(["127.0.0.1"])
-    app = create_app(Settings(port=free_port()))
+    hd_sizes = "1280x720" if avatar and avatar.endswith("-720p") else ""
+    app = create_app(Settings(port=free_port(), builtin_hd_sizes=hd_sizes))
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     devtools_port = free_port()
     url = f"http://127.0.0.1:{port}/?autostart=1&ec=0&ns=0&agc=0"
+    for name, value in (("size", size), ("codec", codec), ("avatar", avatar)):
+        if value:
+            url += f"&{name}={value}"
     proc, profile = launch_browser(
         chromium, url, devtools_port, f"--use-file-for-fake-audio-capture={wav}%noloop"
     )
@@ -157,7 +169,9 @@ async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/avatars") as response:
                 avatars = await response.json()
-            box = next(a for a in avatars["avatars"] if a["name"] == avatars["default"])["mouth_box"]
+            box = next(a for a in avatars["avatars"] if a["name"] == (avatar or avatars["default"]))[
+                "mouth_box"
+            ]
             ws_url = await page_socket(http, devtools_port, time.monotonic() + 20)
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
                 tools = DevTools(ws)
@@ -177,8 +191,11 @@ def main() -> int:
     parser.add_argument("--wav", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    parser.add_argument("--size", help="the video size the page asks for, WIDTHxHEIGHT")
+    parser.add_argument("--codec", choices=("vp8", "h264"), help="the only video codec the page offers")
+    parser.add_argument("--avatar", help="the avatar the page asks for")
     args = parser.parse_args()
-    result = asyncio.run(run(args.wav, args.seconds, args.chromium))
+    result = asyncio.run(run(args.wav, args.seconds, args.chromium, args.size, args.codec, args.avatar))
     json.dump(result, sys.stdout)
     return 0
 
