@@ -154,7 +154,8 @@ def _write_planes(out: Image, size: OutputSize, converted: Image, top: int, left
 
 def _paste_exact(out: Image, place: Placement, patch: RenderedPatch, mix: float, source: Image) -> None:
     height, width = source.shape[:2]
-    h, w = patch.pixels.shape[:2]
+    pixels = patch.at_box_size()  # as paste_patch scales it
+    h, w = pixels.shape[:2]
     # The patch's rows and columns widened to even bounds. Chroma row i filters rows 2i-1 .. 2i+2, so the
     # row pair either side changes too (written), and needs one more pair of the frame's context (read).
     y0, y1 = patch.top // 2 * 2, min(height, -(-(patch.top + h) // 2) * 2)
@@ -163,12 +164,12 @@ def _paste_exact(out: Image, place: Placement, patch: RenderedPatch, mix: float,
     cy0, cy1 = max(0, y0 - 4), min(height, y1 + 4)
     rgb = source[cy0:cy1, x0:x1].copy()
     region = rgb[patch.top - cy0 : patch.top - cy0 + h, patch.left - x0 : patch.left - x0 + w]
-    _blend_into(region, patch.pixels[: region.shape[0], : region.shape[1]], mix)
+    _blend_into(region, pixels[: region.shape[0], : region.shape[1]], mix)
     _write_planes(out, place.size, to_yuv420p(rgb), cy0, x0, range(wy0 - cy0, wy1 - cy0))
 
 
 def _paste_scaled(out: Image, place: Placement, patch: RenderedPatch, mix: float) -> None:
-    h, w = patch.pixels.shape[:2]
+    h, w = patch.height, patch.width  # the frame region it covers (its pixels may be fewer: one resize)
     scale = place.scale
     # The patch's box in output pixels (rounded), then shrunk to even edges inside the placed frame: its
     # edges are its backend's feathered blend into the frame, the frame's own pixels.
