@@ -19,7 +19,6 @@ packetizer. :func:`lipcast.streaming.rtc.use_vp8_settings` makes aiortc's sender
 from __future__ import annotations
 
 import fractions
-import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -149,7 +148,9 @@ def open_vp8(
         # first keyframe on a link not known to be narrow: capped, it starts the picture blurred and it
         # sharpens over the next second.
         codec.options = {**codec.options, "max-intra-rate": str(MAX_INTRA_RATE_PERCENT)}
-    codec.thread_count = vpx.number_of_threads(width * height, multiprocessing.cpu_count())
+    # One thread a call (aiortc's gives a 720p picture 2-3 and 1080p 8): many calls encode in parallel on
+    # the cores (media workers); threads of one encoder contend with the other calls' for the same cores.
+    codec.thread_count = 1
     return codec
 
 
