@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from lipcast.server.app import create_app
@@ -62,6 +64,19 @@ POLL_JS = """
     out.currentTime = v.currentTime;
   }
   return out;
+})()
+"""
+
+
+# The current video frame at its own size, as a PNG data URL.
+FRAME_JS = """
+(() => {
+  const v = document.querySelector('video');
+  if (!v || !v.videoWidth || v.readyState < 2) return null;
+  const c = document.createElement('canvas');
+  c.width = v.videoWidth; c.height = v.videoHeight;
+  c.getContext('2d').drawImage(v, 0, 0);
+  return c.toDataURL('image/png');
 })()
 """
 
@@ -147,8 +162,11 @@ async def run(
     size: str | None = None,
     codec: str | None = None,
     avatar: str | None = None,
+    frame_png: Path | None = None,
 ) -> dict[str, Any]:
-    """``size``, ``codec``, ``avatar``: what the page asks for (its ?size=, ?codec=, ?avatar=)."""
+    """``size``, ``codec``, ``avatar``: what the page asks for (its ?size=, ?codec=, ?avatar=);
+    ``frame_png``: where to write the decoded picture of the poll with the most mouth motion (a PNG at the
+    video's own size)."""
     restrict_host_addresses(["127.0.0.1"])
     hd_sizes = "1280x720" if avatar and avatar.endswith("-720p") else ""
     app = create_app(Settings(port=free_port(), builtin_hd_sizes=hd_sizes))
@@ -176,10 +194,20 @@ async def run(
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
                 tools = DevTools(ws)
                 end = time.monotonic() + seconds
+                best, best_png = -1.0, b""
                 while time.monotonic() < end:
-                    polls.append(await tools.evaluate(POLL_JS % json.dumps(box)))
+                    poll = await tools.evaluate(POLL_JS % json.dumps(box))
+                    polls.append(poll)
+                    if frame_png is not None and poll and poll.get("mouth") and len(polls) > 20:
+                        motion = float(np.std(poll["mouth"]))
+                        if motion > best:
+                            best = motion
+                            shot = await tools.evaluate(FRAME_JS)
+                            best_png = base64.b64decode(shot.split(",", 1)[1]) if shot else best_png
                     await asyncio.sleep(0.05)
                 final_state = await tools.evaluate("document.body && document.body.dataset.state")
+                if frame_png is not None and best_png:
+                    await asyncio.to_thread(frame_png.write_bytes, best_png)
     finally:
         stop_browser(proc, profile)
         await runner.cleanup()
@@ -194,8 +222,11 @@ def main() -> int:
     parser.add_argument("--size", help="the video size the page asks for, WIDTHxHEIGHT")
     parser.add_argument("--codec", choices=("vp8", "h264"), help="the only video codec the page offers")
     parser.add_argument("--avatar", help="the avatar the page asks for")
+    parser.add_argument("--frame-png", type=Path, help="write the most animated decoded frame here")
     args = parser.parse_args()
-    result = asyncio.run(run(args.wav, args.seconds, args.chromium, args.size, args.codec, args.avatar))
+    result = asyncio.run(
+        run(args.wav, args.seconds, args.chromium, args.size, args.codec, args.avatar, args.frame_png)
+    )
     json.dump(result, sys.stdout)
     return 0
 
