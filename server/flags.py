@@ -246,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(
         p,
         "--builtin-hd-sizes",
-        "the built-in avatar also at these sizes, comma-separated WIDTHxHEIGHT (default 1280x720: "
-        "astronaut-720p; empty: none)",
+        "the built-in avatar also at these sizes, comma-separated WIDTHxHEIGHT (1280x720 is "
+        "astronaut-720p; a second or two of start-up each; empty: none)",
     )
     _option(
         p,
