@@ -66,7 +66,12 @@ class FrameContent:
     idle: IdlePlanes = IDLE_PLANES
     image: Image | None = None
     _planes: dict[OutputSize, Image] = field(default_factory=dict)
+    _planes_ms: dict[OutputSize, float] = field(default_factory=dict)  # what making them took, once
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def planes_ms(self, size: OutputSize) -> float:
+        """The time making the planes at ``size`` took (0 if not made, or made by no one: the idle cache)."""
+        return self._planes_ms.get(size, 0.0)
 
     @property
     def native_size(self) -> OutputSize:
@@ -96,6 +101,7 @@ class FrameContent:
             planes = self._planes.get(size)
             if planes is not None:
                 return planes
+            started = time.perf_counter()
             if self.avatar is None:
                 assert self.image is not None
                 planes = frame_planes(self.image, placement(self.image.shape[1], self.image.shape[0], size))
@@ -109,6 +115,7 @@ class FrameContent:
                     planes = paste_into_planes(base, place, self.patch, self.mix, source)
             planes.flags.writeable = False
             self._planes[size] = planes
+            self._planes_ms[size] = (time.perf_counter() - started) * 1000.0
             return planes
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fractions
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,11 +112,11 @@ class AvatarVideoTrack(_StreamTrack):
         if tick is None or self.readyState != "live":  # the stream closed under us
             self.stop()
             raise MediaStreamError
-        started = time.perf_counter()
         frame = stream.frames.compose(tick)
+        compose_ms = frame.compose_ms  # the tick's decision, once for every consumer ...
         if planes:
-            frame.yuv420p(self.size)
-        compose_ms = (time.perf_counter() - started) * 1000.0
+            frame.yuv420p(self.size)  # ... and its picture at this size, made once for all consumers of it
+            compose_ms += frame.content.planes_ms(self.size or frame.size)
         self.stats.sent += 1
         self.stats.late += int(frame.late)
         self.stats.failed += int(frame.failed)
