@@ -89,6 +89,7 @@ class Session(PeerEndpoint):
         cap = manager.settings.output_cap()
         self.size = size or fitted(avatar.width, avatar.height, cap)
         self.codec: str | None = None  # the video codec sent, once negotiated
+        stream.frames.idle.prefetch(avatar, self.size)  # the idle frames at this size, off the event loop
         self.avatar = avatar
         self.stream = stream
         self.buffer = buffer

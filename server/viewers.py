@@ -164,6 +164,7 @@ class SessionViewers:
                 codec=codec,
             )
             fanout.on_failure = self._fanout_failed
+            self.stream.frames.idle.prefetch(self.stream.avatar, size)
         subscription = fanout.subscribe(viewer.send_meta)
         viewer.subscription = subscription
         viewer.key = key

@@ -69,3 +69,13 @@ def test_idle_planes_are_lazy_shared_bounded_and_hold_their_avatars_weakly() -> 
     del avatar, first
     gc.collect()
     assert cache.avatars() == 0 and cache.stats.kept_bytes == 0
+
+
+def test_prefetch_converts_a_sizes_frames_ahead_within_the_budget() -> None:
+    avatar = tiny_avatar(frames=5)
+    size = OutputSize(64, 64)
+    cache = IdlePlanes(budget_bytes=3 * 64 * 64 * 3 // 2)
+    assert cache.prefetch(avatar, size).result(timeout=10) == 3  # the budget holds three
+    converted = cache.stats.converted
+    cache.planes(avatar, 1, size)
+    assert cache.stats.converted == converted  # already there
