@@ -129,3 +129,29 @@ async def test_a_call_receives_1280x720_frames_in_the_codec_it_offered(aiohttp_c
     assert motion.max() > 4.0, motion.round(1).tolist()
     black = recording.video.first_frame
     assert black is not None and black[:, :200].max() < 30  # the letterbox bars: black
+
+
+@pytest.mark.slow
+async def test_a_whep_viewer_gets_h264_at_its_own_size(aiohttp_client) -> None:
+    """A WHIP session at the avatar's size, watched over WHEP in H.264 at 640x360 (its own encoder)."""
+    from lipcast.probe.wish import open_publisher, open_viewer
+
+    client = await aiohttp_client(create_app(Settings()))
+    url = str(client.make_url("")).rstrip("/")
+    sent = to_int16(speech_pattern([("silence", 0.5), ("speech", 1.5), ("silence", 0.5)]))
+    publisher = await open_publisher(client.session, url, sent, receive=False)
+    try:
+        await publisher.wait_connected(10)
+        assert publisher.session_id is not None
+        viewer = await open_viewer(client.session, url, publisher.session_id, size="640x360", codec="h264")
+        try:
+            await viewer.wait_connected(10)
+            assert publisher.source is not None
+            await publisher.source.done.wait()
+            session = client.app[RUNTIME].sessions.get(publisher.session_id)
+            assert [(str(s), c) for s, c in session.viewers.fanouts] == [("640x360", "h264")]
+        finally:
+            await viewer.close()
+    finally:
+        await publisher.close()
+    assert viewer.video.size == (640, 360) and len(viewer.video.arrived_at) >= 30
