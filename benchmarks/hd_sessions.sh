@@ -30,7 +30,7 @@ PORT=${PORT:-8095}
 START=$(date +%s)
 HERE=$(cd "$(dirname "$0")" && pwd)
 
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null)" \
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD)" \
   | tee "$RESULTS/summary.txt"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$RESULTS/summary.txt"
 extra=()
