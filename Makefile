@@ -19,11 +19,15 @@ K8S_MANIFESTS := deploy/k8s/configmap.yaml deploy/k8s/turn-secret.example.yaml d
 
 .PHONY: run test test-wheel test-deps test-stress lint lint-docker lint-k8s typecheck check docs clean
 
+# TORCH_SPEC on the install line keeps torch as installed. The enhance extra's spandrel pulls in torchvision,
+# whose PyPI builds need a CUDA torch and do not import next to a CPU build: such a one is dropped again
+# (pipeline/enhance/weights.py imports spandrel without it).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e '.[dev,pipecat,probe,musetalk]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,pipecat,probe,musetalk,enhance]' "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torchvision" 2>/dev/null || $(BIN)/python -m pip uninstall --quiet -y torchvision
 	touch $(STAMP)
 
 run: $(STAMP)

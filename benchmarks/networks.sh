@@ -27,7 +27,7 @@ for row in $ROWS; do
   "$BIN/lipcast" probe "http://127.0.0.1:$PORT" --duration-s "$DURATION_S" --seed "$seed" --ice-address 127.0.0.1 \
     --video-release marker "${impair[@]}" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1
   echo "== $spec $dir seed $seed"
-  grep -E "audio in -> audio out|frame latency|fps:|audio returned|mouth follows|impaired|downlink capped" \
+  grep -E "server inbound|picture broken|audio in -> audio out|frame latency|fps:|audio returned|mouth follows|impaired|downlink capped" \
     "$OUT/$name.txt"
 done
 "$BIN/python" benchmarks/networks_table.py "$OUT"

@@ -25,7 +25,8 @@ def cells(report: dict[str, Any]) -> dict[str, str]:
         out["p50"] = f"{r['during_ms']:.1f} (before {r['before_ms']:.1f}; back in {recovered})"
     for r in s.get("downlink_rate") or []:
         out["fps"] += (
-            f" (sent {r['sent_kbps_p50']:.0f} kbps, under the cap from {r['under_cap_from_s']} s;"
+            f" (sent video {r['video_kbps_p50']:.0f} kbps, all media {r['sent_kbps_p50']:.0f};"
+            f" video under the cap from {r['under_cap_from_s']} s;"
             f" frame latency {r['frame_latency_first_half_ms']} -> {r['frame_latency_second_half_ms']} ms)"
         )
     return out

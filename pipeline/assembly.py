@@ -48,6 +48,7 @@ from lipcast.pipeline.devices import (
 )
 from lipcast.pipeline.engine import RenderEngine
 from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.pipeline.enhance.weights import Restorer
 from lipcast.pipeline.registry import AvatarPreparer, AvatarRegistry
 from lipcast.pipeline.render_config import RenderConfig
 from lipcast.pipeline.warmup import WARMUP_TIMED_RENDERS
@@ -110,7 +111,8 @@ def assemble(config: RenderConfig, clock: Callable[[], float] | None = None) -> 
     configure_threads(config.backend, device, config.torch_threads)
     compile_cache_dir = _compile_cache_dir(config, device, batch_sizes)
     avatars = load_avatars(config.avatar_dirs, config.default_avatar, config.builtin_hd_sizes)
-    engines = [_device_engine(config, d, batch_sizes, compile_cache_dir, clock) for d in devices]
+    restorer = load_face_restorer(config)
+    engines = [_device_engine(config, d, batch_sizes, compile_cache_dir, clock, restorer) for d in devices]
     engine: RenderEngine | EngineGroup = engines[0] if len(engines) == 1 else EngineGroup(engines)
     registry = avatar_registry(engine, avatars)
     timings_ms = engine.warmup(repeats=WARMUP_TIMED_RENDERS if measure_budget else 0)
@@ -125,6 +127,18 @@ def assemble(config: RenderConfig, clock: Callable[[], float] | None = None) -> 
     if len(devices) > 1:
         report["devices"] = [str(d) for d in devices]
     return RenderSide(engines[0].backend, engine, registry, report, batch_sizes, budget_ms)
+
+
+def load_face_restorer(config: RenderConfig) -> Restorer | None:
+    """The sharpen stage's restorer (:mod:`lipcast.pipeline.enhance.weights`), checked, or None when no
+    weights file is configured; a file that cannot be used raises ``EnhanceWeightsError`` (path, reason)."""
+    if config.face_enhance_weights is None:
+        return None
+    from lipcast.pipeline.enhance.weights import load_restorer
+
+    restorer = load_restorer(config.face_enhance_weights)
+    logger.info("face enhance: %s", restorer.describe())
+    return restorer
 
 
 def _compile_cache_dir(
@@ -150,6 +164,7 @@ def _device_engine(
     batch_sizes: tuple[int, ...],
     compile_cache_dir: Path | None,
     clock: Callable[[], float] | None,
+    restorer: Restorer | None = None,
 ) -> RenderEngine:
     """The backend on one device and the engine that owns it (built with that device current)."""
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
@@ -163,6 +178,7 @@ def _device_engine(
             compile_cache_dir=compile_cache_dir,
             compile_mode=config.wav2lip_compile_mode,
             render_config=config,
+            restorer=restorer,
         )
     return RenderEngine(
         backend,
@@ -185,12 +201,16 @@ def create_backend(
     compile_cache_dir: Path | None = None,
     compile_mode: str | None = None,
     render_config: RenderConfig | None = None,
+    restorer: Restorer | None = None,
 ) -> LipSyncBackend:
     """Build the named backend on ``device`` (``batch_sizes``: the engine's, for per-size preparation).
 
     Wav2Lip needs a ``checkpoint`` unless ``random_weights`` (benchmarks and tests only);
     ``compile_cache_dir``: Wav2Lip compiles its kernels, cached there (see :func:`resolve_compile`).
-    MuseTalk takes its settings (weights directory, context, floor, decode) from ``render_config``."""
+    MuseTalk takes its settings (weights directory, context, floor, decode) from ``render_config``.
+    ``restorer``: the sharpen stage's network (Wav2Lip only)."""
+    if restorer is not None and name != WAV2LIP:
+        raise ValueError(f"face enhancement works with the {WAV2LIP} backend only, not {name}")
     if name == BUILTIN:
         from lipcast.pipeline.builtin import BuiltinBackend
 
@@ -215,6 +235,7 @@ def create_backend(
             window_offset_frames=offset,
             compile_cache=cache,
             compile_mode=compile_mode or COMPILE_MODE,
+            restorer=restorer,
         )
     if name == MUSETALK:
         from lipcast.pipeline.musetalk.backend import MuseTalkBackend

@@ -34,11 +34,13 @@ UInt8Array = npt.NDArray[np.uint8]
 
 @dataclass(frozen=True)
 class RenderItem:
-    """One frame to render: which avatar, which of its frames, and the audio conditioning."""
+    """One frame to render: which avatar, which of its frames, the audio conditioning, and the weight of the
+    face post-processing (``face_enhance_strength`` of a sharpen session; 0: off, :mod:`.enhance`)."""
 
     avatar: str
     frame_index: int
     conditioning: FloatArray
+    enhance_strength: float = 0.0
 
 
 @dataclass(frozen=True)

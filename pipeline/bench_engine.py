@@ -65,8 +65,10 @@ def run_load(
     fps: int = FPS,
     budget_ms: float = RENDER_BUDGET_MS,
     seed: int = 0,
+    enhance_strength: float = 0.0,
 ) -> LoadResult:
-    """Drive ``sessions`` simulated sessions for ``seconds``; the engine must be started."""
+    """Drive ``sessions`` simulated sessions for ``seconds``; the engine must be started.
+    ``enhance_strength``: every session's face post-processing weight (0: off; > 0: sharpen)."""
     rng = np.random.default_rng(seed)
     shape = engine.backend.conditioning_shape
     pool = rng.uniform(-4.0, 1.0, (64, *shape)).astype(np.float32)
@@ -103,7 +105,7 @@ def run_load(
             time.sleep(delay)
         submitted = time.monotonic()
         deadline = submitted + budget_s
-        item = RenderItem(avatar.name, i % avatar.frame_count, pool[i % len(pool)])
+        item = RenderItem(avatar.name, i % avatar.frame_count, pool[i % len(pool)], enhance_strength)
         future = engine.submit(f"sim-{session}", item, deadline_s=deadline)
         future.add_done_callback(partial(done, submitted=submitted, deadline=deadline))
         futures.append(future)
@@ -135,13 +137,16 @@ def find_capacity(
     limit: int = 4096,
     seconds: float = 4.0,
     budget_ms: float = RENDER_BUDGET_MS,
+    enhance_strength: float = 0.0,
 ) -> tuple[int, list[LoadResult]]:
     """Double the session count until a frame is late, then bisect: the most with every frame on time."""
     results: list[LoadResult] = []
     good, bad = 0, None
     n = start
     while n <= limit:
-        result = run_load(engine, avatar, n, seconds=seconds, budget_ms=budget_ms)
+        result = run_load(
+            engine, avatar, n, seconds=seconds, budget_ms=budget_ms, enhance_strength=enhance_strength
+        )
         results.append(result)
         if result.on_time == result.frames:
             good = n
@@ -151,7 +156,9 @@ def find_capacity(
             break
     while bad is not None and bad - good > max(1, good // 16):
         mid = (good + bad) // 2
-        result = run_load(engine, avatar, mid, seconds=seconds, budget_ms=budget_ms)
+        result = run_load(
+            engine, avatar, mid, seconds=seconds, budget_ms=budget_ms, enhance_strength=enhance_strength
+        )
         results.append(result)
         if result.on_time == result.frames:
             good = mid

@@ -28,13 +28,15 @@ def time_batch_sizes(
     conditioning: FloatArray,
     batch_sizes: Sequence[int],
     repeats: int = WARMUP_TIMED_RENDERS,
+    enhance_strength: float = 0.0,
 ) -> dict[int, float]:
     """Render one batch of every size in ``batch_sizes`` once, then ``repeats`` more times; the batch cycles
-    through the avatar's ``frame_count`` frames, every item with ``conditioning``. Returns ms per size: the
-    median of the repeats (the steady render time), or with ``repeats`` 0 the time of the first render."""
+    through the avatar's ``frame_count`` frames, every item with ``conditioning`` (and ``enhance_strength``:
+    above 0 every row also runs the sharpen stage). Returns ms per size: the median of the repeats (the steady
+    render time), or with ``repeats`` 0 the time of the first render."""
     timings: dict[int, float] = {}
     for size in batch_sizes:
-        items = [RenderItem(avatar, i % frame_count, conditioning) for i in range(size)]
+        items = [RenderItem(avatar, i % frame_count, conditioning, enhance_strength) for i in range(size)]
         times_ms = []
         for _ in range(1 + repeats):
             start_s = time.perf_counter()

@@ -432,3 +432,24 @@ def onset_latencies_ms(
             first -= 1
         out.append(float((arrived[first] - t_on) * 1000.0))
     return out
+
+
+def picture_recoveries_ms(
+    arrivals: list[float], keyframes_at: list[float], breaks: list[float]
+) -> list[float]:
+    """For each time the picture broke (the receiver gave up on a missing packet and asked for a keyframe,
+    or a keyframe was lost): how long it stayed broken, from the last frame that arrived before it to the
+    next keyframe's release (a break before the first frame, or one inside a breakage already counted, adds
+    none; one never mended counts to the last frame)."""
+    out: list[float] = []
+    mended_at = float("-inf")
+    for broke in sorted(breaks):
+        if broke < mended_at:
+            continue
+        before = [a for a in arrivals if a <= broke]
+        if not before:
+            continue
+        after = [k for k in keyframes_at if k > broke]
+        mended_at = after[0] if after else arrivals[-1]
+        out.append(round((mended_at - before[-1]) * 1000.0, 1))
+    return out

@@ -71,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="which way --impair applies: up (probe -> server), down (server -> probe) or both",
     )
     p.add_argument(
+        "--lose-keyframe-at-s",
+        type=float,
+        metavar="S",
+        help="S seconds into the call, ask for a keyframe and lose all of its packets in the probe's"
+        " receiver, then time how soon the picture is mended (needs --video-release marker)",
+    )
+    p.add_argument(
         "--png",
         type=Path,
         help="write the latency histogram and timeline here, and as SVG beside it (needs lipcast[probe])",
@@ -103,7 +110,15 @@ def call_options(args: argparse.Namespace) -> CallOptions:
     network = None
     if args.impair:
         network = Network(Impairment.parse(args.impair), args.impair_direction, args.seed)
-    return CallOptions(video_release=args.video_release, network=network, size=args.size, codec=args.codec)
+    if args.lose_keyframe_at_s is not None and args.video_release != "marker":
+        raise ImpairmentError("--lose-keyframe-at-s needs --video-release marker")
+    return CallOptions(
+        video_release=args.video_release,
+        network=network,
+        lose_keyframe_at_s=args.lose_keyframe_at_s,
+        size=args.size,
+        codec=args.codec,
+    )
 
 
 async def _record_and_analyse(
@@ -273,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = call_options(args)
     except ImpairmentError as e:
-        print(f"lipcast probe: --impair: {e}")
+        print(f"lipcast probe: {e}")
         return 2
     started = time.time()
     if args.client_processes > 1:

@@ -15,6 +15,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from lipcast.probe.impair import ImpairedTransport, Network, impair_peer_connection
+from lipcast.probe.keyframe_loss import KeyframeLosingJitterBuffer
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
 from lipcast.streaming.codecs import codec_preferences
 from lipcast.streaming.inbound import PlayoutTap
@@ -22,6 +23,7 @@ from lipcast.streaming.opus import OpusDecoder
 from lipcast.streaming.playout import PacketPlayout, Released
 from lipcast.streaming.rtc import (
     JITTER_BUFFER_ATTRIBUTE,
+    MarkerJitterBuffer,
     encode_audio_on_loop,
     tune_receiver_latency,
     use_fast_audio_level,
@@ -58,6 +60,16 @@ def receive_audio_packets(receiver: Any, out: ReceivedAudio) -> bool:
     return True
 
 
+async def lose_keyframe(receiver: Any, at_s: float) -> None:
+    """``at_s`` after the first video packet: arm the receiver's keyframe loss and ask for a keyframe."""
+    buffer = getattr(receiver, JITTER_BUFFER_ATTRIBUTE)
+    assert isinstance(buffer, KeyframeLosingJitterBuffer)
+    await buffer.receiving.wait()
+    await asyncio.sleep(at_s)
+    buffer.arm()
+    await receiver._send_rtcp_pli(buffer.ssrc)
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """How the probe makes each call (the same for every call of a run)."""
@@ -66,6 +78,8 @@ class CallOptions:
     # own receiver); marker releases it on its last packet, as a browser does.
     video_release: str = "aiortc"
     network: Network | None = None  # impair this call's RTP in the probe's own transport
+    # Ask for a keyframe this many seconds into the call and lose it (probe.keyframe_loss); needs "marker".
+    lose_keyframe_at_s: float | None = None
     size: str | None = None  # the video size asked for, WIDTHxHEIGHT (None: the avatar's own)
     codec: str | None = None  # the only video codec offered: vp8 or h264 (None: aiortc's list, VP8 first)
 
@@ -138,6 +152,15 @@ async def call(
             if transceiver.kind == "audio" and receive_audio_packets(transceiver.receiver, received_audio):
                 continue
             tune_receiver_latency(transceiver.receiver, video=options.video_release == "marker")
+            if transceiver.kind == "video" and options.lose_keyframe_at_s is not None:
+                losing = KeyframeLosingJitterBuffer(video.lost_keyframe_at)
+                setattr(transceiver.receiver, JITTER_BUFFER_ATTRIBUTE, losing)
+                tasks.append(
+                    asyncio.create_task(lose_keyframe(transceiver.receiver, options.lose_keyframe_at_s))
+                )
+            jitter_buffer = getattr(transceiver.receiver, JITTER_BUFFER_ATTRIBUTE, None)
+            if transceiver.kind == "video" and isinstance(jitter_buffer, MarkerJitterBuffer):
+                jitter_buffer.give_ups, jitter_buffer.keyframes_at = video.give_ups, video.keyframes_at
         channel = pc.createDataChannel(META_CHANNEL_LABEL)
 
         @channel.on("message")

@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiortc.sdp import SessionDescription
+
 DIRECTIONS = ("up", "down", "both")
 DEFAULT_QUEUE_MS = 300.0
 _FIELD = re.compile(r"^\s*([a-z]+)\s*=\s*([0-9.]+)\s*([a-z%]*)\s*$")
@@ -130,9 +132,11 @@ class PathStats:
     first_packet_at: float | None = None  # the path's clock (the loop's: time.monotonic) at its first packet
     # Media bytes that entered the path (what the sender sent), per second since its first packet.
     bytes_by_second: list[int] = field(default_factory=list)
+    video_bytes_by_second: list[int] = field(default_factory=list)  # of them, not of the audio's types
 
     def to_json(self) -> dict[str, float | int]:
-        counts = {k: v for k, v in vars(self).items() if k not in ("first_packet_at", "bytes_by_second")}
+        per_second = ("first_packet_at", "bytes_by_second", "video_bytes_by_second")
+        counts = {k: v for k, v in vars(self).items() if k not in per_second}
         return {**counts, "max_queue_ms": round(self.max_queue_ms, 1)}
 
     def impaired_between(self, impairment: Impairment) -> tuple[float, float | None] | None:
@@ -166,6 +170,11 @@ def is_media(datagram: bytes) -> bool:
     return len(datagram) >= 2 and 127 < datagram[0] < 192 and not 192 <= datagram[1] <= 223
 
 
+def payload_type(datagram: bytes) -> int:
+    """An (S)RTP packet's payload type: its header is not encrypted (-1: too short to say)."""
+    return datagram[1] & 0x7F if len(datagram) > 1 else -1
+
+
 @dataclass
 class ImpairedPath:
     """One direction: :meth:`push` a media datagram; ``deliver`` gets it later, or never."""
@@ -175,6 +184,8 @@ class ImpairedPath:
     seed: int = 0
     clock: Callable[[], float] | None = None  # seconds; the running loop's time if None
     stats: PathStats = field(default_factory=PathStats)
+    # The negotiated audio payload types: every other media packet counts as video in the stats.
+    audio_payload_types: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -187,7 +198,7 @@ class ImpairedPath:
     def _now(self) -> float:
         return self.clock() if self.clock else asyncio.get_running_loop().time()
 
-    def fate(self, size_bytes: int, now: float) -> float | None:
+    def fate(self, size_bytes: int, now: float, *, video: bool = True) -> float | None:
         """When a packet entering now leaves the path (seconds, on the path's clock), or None: dropped."""
         imp = self.impairment
         if self.stats.first_packet_at is None:
@@ -197,6 +208,9 @@ class ImpairedPath:
         sent = self.stats.bytes_by_second
         sent.extend([0] * (second + 1 - len(sent)))
         sent[second] += size_bytes
+        sent_video = self.stats.video_bytes_by_second
+        sent_video.extend([0] * (second + 1 - len(sent_video)))
+        sent_video[second] += size_bytes if video else 0
         if elapsed_s < imp.from_s or (imp.until_s is not None and elapsed_s >= imp.until_s):
             return now
         self.stats.packets += 1
@@ -220,7 +234,8 @@ class ImpairedPath:
 
     def push(self, datagram: bytes) -> None:
         now = self._now()
-        leaves = self.fate(len(datagram), now)
+        video = payload_type(datagram) not in self.audio_payload_types
+        leaves = self.fate(len(datagram), now, video=video)
         if leaves is None:
             return
         order = self._entered
@@ -243,7 +258,14 @@ class ImpairedPath:
 class ImpairedTransport:
     """Impairs one aiortc ``RTCIceTransport`` by replacing its ``_send`` / ``_recv`` (what DTLS calls)."""
 
-    def __init__(self, transport: Any, impairment: Impairment, direction: str, seed: int) -> None:
+    def __init__(
+        self,
+        transport: Any,
+        impairment: Impairment,
+        direction: str,
+        seed: int,
+        audio_payload_types: frozenset[int] = frozenset(),
+    ) -> None:
         if direction not in DIRECTIONS:
             raise ImpairmentError(f"direction must be one of {', '.join(DIRECTIONS)}")
         self.up: ImpairedPath | None = None
@@ -257,7 +279,9 @@ class ImpairedTransport:
                 with contextlib.suppress(ConnectionError):  # the call ended while it was in flight
                     await send(data)
 
-            up = self.up = ImpairedPath(impairment, send_later, seed=seed)
+            up = self.up = ImpairedPath(
+                impairment, send_later, seed=seed, audio_payload_types=audio_payload_types
+            )
 
             async def impaired_send(data: bytes) -> None:
                 if is_media(data):
@@ -268,7 +292,9 @@ class ImpairedTransport:
             transport._send = impaired_send
         if direction in ("down", "both"):
             inbox: asyncio.Queue[bytes | Exception] = asyncio.Queue()
-            down = self.down = ImpairedPath(impairment, inbox.put_nowait, seed=seed + 1)
+            down = self.down = ImpairedPath(
+                impairment, inbox.put_nowait, seed=seed + 1, audio_payload_types=audio_payload_types
+            )
 
             async def pump() -> None:
                 while True:
@@ -318,4 +344,11 @@ def impair_peer_connection(pc: Any, impairment: Impairment, direction: str, seed
         transports.setdefault(id(pc.sctp.transport.transport), pc.sctp.transport.transport)
     if len(transports) != 1:
         raise ImpairmentError(f"expected one bundled transport, found {len(transports)}")
-    return ImpairedTransport(next(iter(transports.values())), impairment, direction, seed)
+    audio = frozenset(
+        codec.payloadType
+        for media in SessionDescription.parse(pc.remoteDescription.sdp).media
+        if media.kind == "audio"
+        for codec in media.rtp.codecs
+        if codec.payloadType is not None
+    )
+    return ImpairedTransport(next(iter(transports.values())), impairment, direction, seed, audio)

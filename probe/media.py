@@ -67,6 +67,11 @@ class ReceivedVideo:
     regions: list[npt.NDArray[np.uint8]] = field(default_factory=list)
     size: tuple[int, int] | None = None
     first_frame: npt.NDArray[np.uint8] | None = None
+    keyframes_at: list[float] = field(default_factory=list)  # when the receiver released a keyframe
+    # When the probe's receiver gave up on a missing packet and asked for a keyframe (PLI): the picture is
+    # broken from the last frame before until the next keyframe.
+    give_ups: list[float] = field(default_factory=list)
+    lost_keyframe_at: list[float] = field(default_factory=list)  # a keyframe the probe lost on purpose
 
 
 @dataclass

@@ -73,6 +73,12 @@ class CallReport:
     delay_recovery: dict[str, float | None] | None = None
     # For a rate-limited downlink: what the server sent per second, and whether the delay kept growing.
     downlink_rate: dict[str, float | None] | None = None
+    # The server's packet stage for this call's inbound audio (the last metadata's ``rx``): lost, FEC, late...
+    server_rx: dict[str, float] = field(default_factory=dict)
+    # Each time the probe's receiver gave up on a lost packet (PLI): ms from the last good frame to the
+    # keyframe that mended the picture (analysis.picture_recoveries_ms).
+    picture_recoveries_ms: list[float] = field(default_factory=list)
+    lost_keyframe_mended_ms: float | None = None  # --lose-keyframe-at-s: the same for the keyframe lost
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -203,6 +209,22 @@ def analyse(recording: CallRecording) -> CallReport:
         mouth_correlation_delay_ms=mouth_delay,
         delay_recovery=None if recovery is None else asdict(recovery),
         downlink_rate=_downlink_rate(recording, frame_latency_at, frame_latency),
+        picture_recoveries_ms=analysis.picture_recoveries_ms(
+            list(recording.video.arrived_at),
+            list(recording.video.keyframes_at),
+            list(recording.video.give_ups),
+        ),
+        lost_keyframe_mended_ms=next(
+            iter(
+                analysis.picture_recoveries_ms(
+                    list(recording.video.arrived_at),
+                    list(recording.video.keyframes_at),
+                    list(recording.video.lost_keyframe_at),
+                )
+            ),
+            None,
+        ),
+        server_rx=next((dict(m["rx"]) for _, m in reversed(recording.meta) if "rx" in m), {}),
     )
 
 
@@ -210,20 +232,16 @@ def _downlink_rate(
     recording: CallRecording, latency_at: list[float], latency_ms: list[float]
 ) -> dict[str, float | None] | None:
     """Against the probe's downlink rate limit: the server's sending rate (bytes entering the limited link)
-    per second, the first second from which it stayed under the cap, and the frame latency (median) of the
-    call's first and second halves after its first 5 s (growing: the server sends more than the link takes).
-    """
+    per second, video and all media, the first second from which the video stayed under the cap, and the
+    frame latency (median) of the call's first and second halves after its first 5 s (growing: the server
+    sends more than the link takes)."""
     network = recording.network
     path = network.down if network is not None else None
     if path is None or path.impairment.rate_kbps is None or path.stats.first_packet_at is None:
         return None
     cap = path.impairment.rate_kbps
     kbps = [b * 8 / 1000.0 for b in path.stats.bytes_by_second[:-1]]  # the last second is partial
-    under_from = None
-    for second in range(len(kbps) - 1, -1, -1):
-        if kbps[second] > cap:
-            break
-        under_from = float(second)
+    video_kbps = [b * 8 / 1000.0 for b in path.stats.video_bytes_by_second[:-1]]
     start = path.stats.first_packet_at + 5.0
     times, values = np.asarray(latency_at), np.asarray(latency_ms)
     kept = times >= start
@@ -234,12 +252,29 @@ def _downlink_rate(
             halves[k] = round(float(np.median(values[part])), 1)
     return {
         "cap_kbps": cap,
-        "sent_kbps_p50": round(float(np.median(kbps[5:])), 1) if len(kbps) > 5 else None,
+        "sent_kbps_p50": _p50_after_5s(kbps),
         "sent_kbps_max_after_5s": round(max(kbps[5:]), 1) if len(kbps) > 5 else None,
-        "under_cap_from_s": under_from,
+        "video_kbps_p50": _p50_after_5s(video_kbps),
+        "video_kbps_max_after_5s": round(max(video_kbps[5:]), 1) if len(video_kbps) > 5 else None,
+        "under_cap_from_s": _under_from(video_kbps, cap),
+        "all_media_under_cap_from_s": _under_from(kbps, cap),
         "frame_latency_first_half_ms": halves[0],
         "frame_latency_second_half_ms": halves[1],
     }
+
+
+def _p50_after_5s(kbps: list[float]) -> float | None:
+    return round(float(np.median(kbps[5:])), 1) if len(kbps) > 5 else None
+
+
+def _under_from(kbps: list[float], cap: float) -> float | None:
+    """The first second from which every later second stayed at or under ``cap`` (None: the last did not)."""
+    under_from = None
+    for second in range(len(kbps) - 1, -1, -1):
+        if kbps[second] > cap:
+            break
+        under_from = float(second)
+    return under_from
 
 
 def _delay_recovery(

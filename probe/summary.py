@@ -90,7 +90,19 @@ def summary(reports: list[CallReport], knee: dict[str, Any]) -> dict[str, Any]:
         "late_from_sessions": knee.get("late_from_sessions"),
         "stages_ms": stage_breakdown(reports),
         "network": network_totals(reports),
+        "server_rx": server_rx_totals(reports),
+        "picture_recoveries_ms": sorted(v for r in reports for v in r.picture_recoveries_ms),
+        "lost_keyframe_mended_ms": [r.lost_keyframe_mended_ms for r in reports if r.lost_keyframe_mended_ms],
     }
+
+
+def server_rx_totals(reports: list[CallReport]) -> dict[str, float]:
+    """The server's inbound audio counters summed over the sessions (its buffer target: the largest)."""
+    out: dict[str, float] = {}
+    for report in reports:
+        for key, value in report.server_rx.items():
+            out[key] = max(out.get(key, 0.0), value) if key == "target_ms" else out.get(key, 0) + value
+    return out
 
 
 def network_totals(reports: list[CallReport]) -> dict[str, dict[str, float]]:
@@ -150,6 +162,27 @@ def format_network(network: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def format_picture_recoveries(recoveries: list[float]) -> list[str]:
+    if not recoveries:
+        return []
+    return [
+        f"  picture broken {len(recoveries)} times (a packet given up, keyframe asked for): mended after"
+        f" p50 {float(np.median(recoveries)):.0f} ms, max {max(recoveries):.0f} ms"
+    ]
+
+
+def format_server_rx(rx: dict[str, float]) -> list[str]:
+    if not rx:
+        return []
+    return [
+        f"  server inbound audio: {int(rx.get('lost', 0))} packets lost, {int(rx.get('fec', 0))} of them"
+        f" rebuilt from FEC"
+        f" ({int(rx.get('fec_missed', 0))} concealed before their FEC came);"
+        f" {int(rx.get('late', 0))} late, {int(rx.get('reordered', 0))} reordered;"
+        f" {rx.get('concealed_ms', 0.0):.0f} ms concealed; buffer target {rx.get('target_ms', 0.0):.0f} ms"
+    ]
+
+
 def format_recovery(recoveries: list[dict[str, Any]]) -> list[str]:
     return [
         f"  delay around the impaired stretch: before {r['before_ms']:.1f} ms,"
@@ -164,9 +197,10 @@ def format_downlink_rate(rates: list[dict[str, Any]]) -> list[str]:
     for r in rates:
         n = {k: _number(v, ".0f") if not isinstance(v, str) else v for k, v in r.items()}
         lines.append(
-            f"  downlink capped at {n['cap_kbps']} kbps: the server sent p50 {n['sent_kbps_p50']} kbps"
-            f" (max {n['sent_kbps_max_after_5s']} after 5 s), under the cap from second"
-            f" {n['under_cap_from_s']};"
+            f"  downlink capped at {n['cap_kbps']} kbps: the server sent video p50 {n['video_kbps_p50']} kbps"
+            f" (max {n['video_kbps_max_after_5s']} after 5 s), under the cap from second"
+            f" {n['under_cap_from_s']}; all media p50 {n['sent_kbps_p50']} kbps (max"
+            f" {n['sent_kbps_max_after_5s']}), under from second {n['all_media_under_cap_from_s']};"
             f" frame latency p50 {n['frame_latency_first_half_ms']} -> {n['frame_latency_second_half_ms']} ms"
             " (first -> second half)"
         )
@@ -194,6 +228,12 @@ def format_summary(url: str, s: dict[str, Any], failures: int) -> str:
         f" freezes > 250 ms: {s['freezes']}; late (server) frames: {s['late_frames']}",
         f"  audio returned: min {s['audio_returned_min']:.2%}; audio gaps: {s['audio_gaps']}",
         f"  mouth follows speech: correlation min {_number(s.get('mouth_correlation_min'), '.3f')}",
+        *format_server_rx(s.get("server_rx") or {}),
+        *format_picture_recoveries(s.get("picture_recoveries_ms") or []),
+        *[
+            f"  keyframe lost on purpose: the picture mended {v:.0f} ms after its last good frame"
+            for v in s.get("lost_keyframe_mended_ms") or []
+        ],
         *format_recovery(s.get("delay_recovery") or []),
         *format_downlink_rate(s.get("downlink_rate") or []),
         *format_stages(s.get("stages_ms") or {}),

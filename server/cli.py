@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from lipcast.server import avatar_cli, engine_cli, musetalk_cli, tools_cli
+from lipcast.server.config import Settings
 from lipcast.server.flags import build_parser, settings_from
 from lipcast.streaming.memory import keep_frame_buffers_in_heap
 from lipcast.streaming.rtc import restrict_host_addresses
@@ -38,6 +39,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"lipcast serve: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    problem = face_enhance_problem(settings)
+    if problem is not None:
+        print(f"lipcast serve: {problem}", file=sys.stderr)
+        return 2
     if settings.ice_addresses:
         restrict_host_addresses(settings.ice_addresses)
     keep_frame_buffers_in_heap()  # the front renders (patches, batches); with one process it also encodes
@@ -51,6 +56,29 @@ def serve(args: argparse.Namespace) -> int:
         print(f"lipcast serve: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def face_enhance_problem(settings: Settings) -> str | None:
+    """Why ``serve`` must not start with these face post-processing settings (None: it may), said before
+    anything else starts: the restorer file missing, corrupt or of an unsupported kind (path and reason),
+    spandrel not installed, or sharpen by default on a CPU without --face-enhance-allow-cpu."""
+    if settings.face_enhance_weights is None:
+        return None
+    from lipcast.pipeline.devices import resolve_devices
+    from lipcast.pipeline.enhance.options import SHARPEN
+    from lipcast.pipeline.enhance.weights import EnhanceUnavailableError, EnhanceWeightsError, load_restorer
+
+    try:
+        load_restorer(settings.face_enhance_weights)
+    except (EnhanceWeightsError, EnhanceUnavailableError) as e:
+        return str(e)
+    on_cpu = resolve_devices(settings.device, settings.gpus)[0].type == "cpu"
+    if settings.face_enhance == SHARPEN and on_cpu and not settings.face_enhance_allow_cpu:
+        return (
+            "--face-enhance sharpen on a CPU-only server is too slow for live calls;"
+            " --face-enhance-allow-cpu allows it"
+        )
+    return None
 
 
 def add_commands(commands: Any) -> None:

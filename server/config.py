@@ -22,6 +22,13 @@ from lipcast.pipeline.defaults import (
     MUSETALK,
     WAV2LIP,
 )
+from lipcast.pipeline.enhance.options import (
+    DEFAULT_STRENGTH,
+    FACE_ENHANCE_MODES,
+    OFF,
+    SHARPEN,
+    EnhanceChoice,
+)
 from lipcast.pipeline.render_config import RenderConfig
 from lipcast.pipeline.timing import FPS
 from lipcast.streaming.encoders import (
@@ -87,6 +94,12 @@ class Settings:
     musetalk_context_s: float = 30.0
     musetalk_floor: str = "running"
     musetalk_decode: str = "rows"
+    # Face post-processing (lipcast[enhance]; docs/sharpen.md): the default mode of a session that names
+    # none, its default strength, the restorer weights file, and whether sharpen may run on a CPU
+    face_enhance: str = OFF
+    face_enhance_strength: float = DEFAULT_STRENGTH
+    face_enhance_weights: Path | None = None
+    face_enhance_allow_cpu: bool = False
     # None ("adaptive", the default): from one frame up, following the observed jitter; a number: fixed ms
     jitter_buffer_ms: float | None = None
     render_budget_ms: float | None = None  # None: from the warm-up timings on CUDA; 40 ms (400 ms for
@@ -150,6 +163,16 @@ class Settings:
             problems.append("--backend musetalk needs --musetalk-weights DIR (the project ships no weights)")
         if self.musetalk_decode not in ("rows", "full"):
             problems.append("musetalk_decode must be rows or full")
+        if self.face_enhance not in FACE_ENHANCE_MODES:
+            problems.append(f"face_enhance must be one of {', '.join(FACE_ENHANCE_MODES)}")
+        if not 0.0 <= self.face_enhance_strength <= 1.0:
+            problems.append("face_enhance_strength must be in [0, 1]")
+        if self.face_enhance == SHARPEN and self.face_enhance_weights is None:
+            problems.append(
+                "--face-enhance sharpen needs --face-enhance-weights FILE (a restorer, docs/sharpen.md)"
+            )
+        if self.face_enhance_weights is not None and self.backend != WAV2LIP:
+            problems.append("--face-enhance-weights works with --backend wav2lip only")
         if self.fps != FPS:
             problems.append(f"fps must be {FPS} (the lip-sync models' frame rate)")
         if not 0 <= self.vad_aggressiveness <= 3:
@@ -199,6 +222,10 @@ class Settings:
             problems.append("auth_token must not be blank")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def enhance_default(self) -> EnhanceChoice:
+        """What a session that names no face post-processing gets."""
+        return EnhanceChoice(self.face_enhance, self.face_enhance_strength)
 
     def vp8(self) -> Vp8Settings:
         return Vp8Settings(self.vp8_cpu_used, self.vp8_noise_sensitivity)
@@ -258,6 +285,7 @@ class Settings:
             musetalk_context_s=self.musetalk_context_s,
             musetalk_floor=self.musetalk_floor,
             musetalk_decode=self.musetalk_decode,
+            face_enhance_weights=self.face_enhance_weights,
             compile_cache_dir=self.compile_cache_dir,
             avatar_dirs=self.avatar_search_path(),
             default_avatar=self.avatar,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODES, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
+from lipcast.pipeline.enhance.options import FACE_ENHANCE_MODES
 from lipcast.server.config import RENDER_PLACES, IceServer, Settings, default_media_workers
 from lipcast.streaming.encoders import H264_PRESETS
 
@@ -61,6 +62,9 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "checkpoint": Path,
     "musetalk_weights": Path,
     "musetalk_context_s": float,
+    "face_enhance_strength": float,
+    "face_enhance_weights": Path,
+    "face_enhance_allow_cpu": _flag,
     "compile_cache_dir": Path,
     "static_dir": Path,
     "upload_dir": Path,
@@ -180,6 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--musetalk-decode",
         "MuseTalk's VAE decodes the rows the blend mask uses (rows) or the whole face (full)",
         choices=("rows", "full"),
+    )
+    _option(
+        p,
+        "--face-enhance",
+        "face post-processing of a session that asks for none: off (default) or sharpen (a restorer on the"
+        " mouth; needs --face-enhance-weights; docs/sharpen.md)",
+        choices=FACE_ENHANCE_MODES,
+    )
+    _option(p, "--face-enhance-strength", "default sharpen strength in [0, 1] (0.7)")
+    _option(
+        p,
+        "--face-enhance-weights",
+        "restorer weights for sharpen, loaded with spandrel (lipcast[enhance]): realesr-general-x4v3.pth",
+        metavar="FILE",
+    )
+    p.add_argument(
+        "--face-enhance-allow-cpu",
+        action="store_true",
+        default=None,
+        help="allow sharpen on a CPU-only server (refused there by default: too slow for a live call;"
+        " env LIPCAST_FACE_ENHANCE_ALLOW_CPU=1)",
     )
     _option(
         p,

@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc import RTCPeerConnection
 
+from lipcast.pipeline.enhance.options import MODE_FIELD, STRENGTH_FIELD, EnhanceChoice
 from lipcast.pipeline.timing import FRAME_MS, MEDIA_SAMPLE_RATE_HZ
 from lipcast.server.auth import require_bearer
 from lipcast.server.errors import BadRequestError, ConflictError, NotFoundError
@@ -100,9 +101,13 @@ class PushSession(Session):
         await super().release()
 
 
-def create_push_session(manager: SessionManager, avatar_name: str | None, input_rate_hz: int) -> PushSession:
-    """A new push session with its media clock running, or an :class:`ApiError` leaving nothing behind."""
+def create_push_session(
+    manager: SessionManager, avatar_name: str | None, input_rate_hz: int, enhance: EnhanceChoice | None = None
+) -> PushSession:
+    """A new push session with its media clock running, or an :class:`ApiError` leaving nothing behind.
+    ``enhance``: its face post-processing (``SessionManager.enhance_choice``; None: the server default)."""
     settings = manager.settings
+    enhance = enhance or manager.enhance_choice()
     avatar = manager.admit(avatar_name)
     session_id = secrets.token_urlsafe(9)
     buffer = InputAudioBuffer(
@@ -112,7 +117,7 @@ def create_push_session(manager: SessionManager, avatar_name: str | None, input_
         max_ms=settings.push_buffer_s * 1000.0 + 1000.0,  # never reached: PushAudio refuses first
     )
     detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
-    stream = manager.new_stream(session_id, avatar, buffer)
+    stream = manager.new_stream(session_id, avatar, buffer, enhance.effective_strength)
     push = PushAudio(
         buffer,
         detector,
@@ -158,8 +163,10 @@ def parse_push_request(body: dict[str, Any]) -> tuple[str | None, int]:
 async def create(request: web.Request) -> web.Response:
     require_bearer(request)
     runtime = runtime_of(request)
-    avatar_name, rate = parse_push_request(await read_json_object(request))
-    session = create_push_session(runtime.sessions, avatar_name, rate)
+    body = await read_json_object(request)
+    avatar_name, rate = parse_push_request(body)
+    enhance = runtime.sessions.enhance_choice(body.get(MODE_FIELD), body.get(STRENGTH_FIELD))
+    session = create_push_session(runtime.sessions, avatar_name, rate, enhance)
     sid = session.id
     base = request.url.with_path("/").with_query(None)
     ws_base = base.with_scheme("wss" if base.scheme == "https" else "ws")

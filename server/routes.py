@@ -11,6 +11,7 @@ from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from lipcast.pipeline.engine_group import EngineGroup
+from lipcast.pipeline.enhance.options import MODE_FIELD, STRENGTH_FIELD
 from lipcast.server import cors, push, whip_whep
 from lipcast.server.auth import require_bearer
 from lipcast.server.capacity import STARTING_RETRY_AFTER_S
@@ -24,7 +25,8 @@ from lipcast.streaming.wire import OfferAnswer, avatar_json
 
 
 def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None]:
-    """The JSON shape of ``POST /offer``; the SDP itself is checked by :mod:`lipcast.server.offer_checks`."""
+    """The JSON shape of ``POST /offer``; the SDP itself is checked by :mod:`lipcast.server.offer_checks`,
+    ``face_enhance`` and ``face_enhance_strength`` by the session manager (``enhance_choice``)."""
     sdp, kind, avatar = body.get("sdp"), body.get("type"), body.get("avatar")
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequestError("'sdp' must be a non-empty string")
@@ -38,10 +40,11 @@ def parse_offer(body: dict[str, Any]) -> tuple[RTCSessionDescription, str | None
 async def offer(request: web.Request) -> web.Response:
     require_bearer(request)
     runtime = runtime_of(request)
-    fields = await read_json_object(request)
-    description, avatar_name = parse_offer(fields)
-    size = requested_output_size(fields, runtime.settings.output_cap())
-    answer = await runtime.sessions.create(description, avatar_name, size=size)
+    body_in = await read_json_object(request)
+    description, avatar_name = parse_offer(body_in)
+    size = requested_output_size(body_in, runtime.settings.output_cap())
+    enhance = runtime.sessions.enhance_choice(body_in.get(MODE_FIELD), body_in.get(STRENGTH_FIELD))
+    answer = await runtime.sessions.create(description, avatar_name, enhance=enhance, size=size)
     session = runtime.sessions.get(answer.session_id)
     body: OfferAnswer = {
         "sdp": answer.sdp,
@@ -111,6 +114,7 @@ async def healthz(request: web.Request) -> web.Response:
             "process_cpu_s": round(time.process_time(), 3),
             "cpu": cpu_snapshot(),
             "max_sessions": runtime.settings.max_sessions,
+            "face_enhance": runtime.sessions.enhance.to_json(),
             "engine": {
                 "running": runtime.engine.running,
                 "warmup_s": runtime.engine.warmup_s,

@@ -49,6 +49,7 @@ class RuntimeCollector(Collector):
             "audio_packets_lost": "Inbound audio packets given up on and concealed",
             "audio_concealed_samples": "Inbound 48 kHz samples made up for lost packets (FEC or PLC)",
             "audio_fec_recovered": "Lost inbound audio packets rebuilt from the next packet's in-band FEC",
+            "audio_fec_missed": "Lost inbound audio packets concealed before their FEC came (PLC)",
             "audio_packets_late": "Inbound audio packets dropped: arrived after their slot was concealed",
             "audio_packets_reordered": "Inbound audio packets that arrived after a later one, in time",
             "audio_stretched_samples": "Inbound samples concealed to hold the stream back (late audio)",

@@ -20,10 +20,17 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from lipcast.pipeline.avatar import Avatar
 from lipcast.pipeline.backend import LipSyncBackend
+from lipcast.pipeline.enhance.options import (
+    EnhanceChoice,
+    EnhanceOptionError,
+    EnhancePolicy,
+    EnhanceRefusedError,
+    sharpen_device,
+)
 from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from lipcast.server.capacity import RETRY_AFTER_S, CapacityGate
 from lipcast.server.config import Settings
-from lipcast.server.errors import BadRequestError, CapacityError, NotFoundError
+from lipcast.server.errors import BadRequestError, CapacityError, ConflictError, NotFoundError
 from lipcast.server.offer_checks import (
     check_call_offer,
     check_video_codec,
@@ -52,6 +59,7 @@ PLAYOUT_COUNTERS = (
     "audio_packets_lost",
     "audio_concealed_samples",
     "audio_fec_recovered",
+    "audio_fec_missed",
     "audio_packets_late",
     "audio_packets_reordered",
     "audio_stretched_samples",
@@ -139,6 +147,7 @@ class Session(PeerEndpoint):
             "audio_packets_lost": stats.lost,
             "audio_concealed_samples": stats.concealed_samples,
             "audio_fec_recovered": stats.fec_recovered,
+            "audio_fec_missed": stats.fec_missed,
             "audio_packets_late": stats.late,
             "audio_packets_reordered": stats.reordered,
             "audio_stretched_samples": stats.stretched_samples,
@@ -219,6 +228,9 @@ class SessionManager:
         self.render_budget_ms = settings.render_budget_ms
         self.settings = settings
         self.backend = backend
+        self.enhance = EnhancePolicy(
+            settings.enhance_default(), sharpen_device(backend), settings.face_enhance_allow_cpu
+        )
         self.renderer = renderer
         self.avatars = avatars
         self.clock = clock or MonotonicClock()
@@ -287,6 +299,18 @@ class SessionManager:
             raise NotFoundError(f"unknown avatar {name!r}; available: {', '.join(sorted(self.avatars))}")
         return avatar
 
+    def enhance_choice(self, mode: object | None = None, strength: object | None = None) -> EnhanceChoice:
+        """A new session's face post-processing from its request (None: not given; the server default), or
+        the refusal: 400 for a value that is not allowed, 409 for sharpen where this server cannot give it.
+        Checked before anything of the call is started."""
+        try:
+            return self.enhance.resolve(mode, strength)
+        except EnhanceOptionError as e:
+            raise BadRequestError(str(e)) from None
+        except EnhanceRefusedError as e:
+            self.refused_total["face_enhance"] += 1
+            raise ConflictError(str(e)) from None
+
     def admit(self, avatar_name: str | None) -> Avatar:
         """The avatar for a new session, or :class:`CapacityError` while draining or full."""
         if self.draining:
@@ -319,16 +343,19 @@ class SessionManager:
         avatar_name: str | None,
         *,
         signalling: str = "offer",
+        enhance: EnhanceChoice | None = None,
         size: OutputSize | None = None,
     ) -> Answer:
         """Answer an offer with a new session, or raise an :class:`ApiError` leaving nothing behind.
 
         ``signalling="offer"`` (the call page) needs the client to send audio and receive video; ``"whip"``
-        needs only audio from the client and sends back only what its offer asks to receive. ``size``: the
-        video's output size, already checked against the cap (None: the avatar's own, fitted into it).
+        needs only audio from the client and sends back only what its offer asks to receive.
+        ``enhance``: from :meth:`enhance_choice` (None: the server's default). ``size``: the video's output
+        size, already checked against the cap (None: the avatar's own, fitted into it).
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
+        enhance = enhance or self.enhance_choice()
         avatar = self.admit(avatar_name)
         summary = validate_offer(offer.sdp)  # after the 503s: a draining or full server takes no offer
         (check_whip_offer if signalling == "whip" else check_call_offer)(summary)
@@ -341,7 +368,7 @@ class SessionManager:
             session: Session | None = None
             pc = RTCPeerConnection(self.rtc_configuration())
             try:
-                session = self._new_session(pc, avatar, signalling, size)
+                session = self._new_session(pc, avatar, signalling, enhance.effective_strength, size)
                 session.codec = codec
                 await self._negotiate(session, offer, summary)
             except BaseException:
@@ -354,10 +381,18 @@ class SessionManager:
         self.created_total += 1
         session.arm_timers(self.settings.connect_timeout_s, self.settings.max_session_s)
         local = pc.localDescription
-        session.log.info("created (avatar %s, %s %s)", avatar.name, session.size, session.codec or "no video")
+        session.log.info(
+            "created (avatar %s, %s %s, face_enhance %s)",
+            avatar.name,
+            session.size,
+            session.codec or "no video",
+            enhance.mode,
+        )
         return Answer(session.id, local.sdp, local.type, avatar)
 
-    def new_stream(self, session_id: str, avatar: Avatar, buffer: InputAudioBuffer) -> AvatarStream:
+    def new_stream(
+        self, session_id: str, avatar: Avatar, buffer: InputAudioBuffer, enhance_strength: float = 0.0
+    ) -> AvatarStream:
         settings = self.settings
         return AvatarStream(
             session_id,
@@ -370,10 +405,16 @@ class SessionManager:
             render_budget_ms=self.render_budget_ms,
             crossfade_frames=self.backend.crossfade_frames,
             new_featurizer=self.backend.new_featurizer,
+            enhance_strength=enhance_strength,
         )
 
     def _new_session(
-        self, pc: RTCPeerConnection, avatar: Avatar, signalling: str, size: OutputSize | None = None
+        self,
+        pc: RTCPeerConnection,
+        avatar: Avatar,
+        signalling: str,
+        enhance_strength: float = 0.0,
+        size: OutputSize | None = None,
     ) -> Session:
         settings = self.settings
         session_id = secrets.token_urlsafe(9)
@@ -385,7 +426,7 @@ class SessionManager:
             session_id=session_id,
         )
         detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
-        stream = self.new_stream(session_id, avatar, buffer)
+        stream = self.new_stream(session_id, avatar, buffer, enhance_strength)
         return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling, size)
 
     async def _negotiate(self, session: Session, offer: RTCSessionDescription, summary: OfferSummary) -> None:

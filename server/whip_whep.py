@@ -34,6 +34,7 @@ from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from multidict import CIMultiDict
 
+from lipcast.pipeline.enhance.options import MODE_FIELD, STRENGTH_FIELD
 from lipcast.server import cors
 from lipcast.server.auth import require_bearer
 from lipcast.server.config import IceServer
@@ -132,8 +133,15 @@ async def whip_create(request: web.Request) -> web.Response:
     offer = await read_sdp_offer(request)
     avatar = request.query.get("avatar") or None
     size = requested_output_size(dict(request.query), runtime.settings.output_cap(), prefix="query ")
+    enhance = runtime.sessions.enhance_choice(
+        request.query.get(MODE_FIELD), request.query.get(STRENGTH_FIELD)
+    )
     answer = await runtime.sessions.create(
-        RTCSessionDescription(sdp=offer, type="offer"), avatar, signalling="whip", size=size
+        RTCSessionDescription(sdp=offer, type="offer"),
+        avatar,
+        signalling="whip",
+        enhance=enhance,
+        size=size,
     )
     location = request.app.router["whip-session"].url_for(session_id=answer.session_id)
     return created(request, str(location), runtime.sessions.get(answer.session_id))

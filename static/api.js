@@ -35,15 +35,15 @@ export async function getJson(path) {
 }
 
 /**
- * POST the (fully gathered) offer; resolves to the answer
+ * POST the (fully gathered) offer, with ``options`` such as {face_enhance, face_enhance_strength, size} in
+ * the same JSON; resolves to the answer
  * {sdp, type, session_id, avatar: {name, width, height, mouth_box}, size, codec}.
- * `size`: "WIDTHxHEIGHT" for the video, or null for the avatar's own.
+ * `size`: "WIDTHxHEIGHT" for the video (absent: the avatar's own).
  * Server errors become a UserError carrying the server's {"error"} message.
  */
-export async function postOffer(desc, avatar, signal, size = null) {
-  const body = { sdp: desc.sdp, type: desc.type };
+export async function postOffer(desc, avatar, signal, options = {}) {
+  const body = { sdp: desc.sdp, type: desc.type, ...options };
   if (avatar) body.avatar = avatar;
-  if (size) body.size = size;
   let res;
   try {
     res = await fetch(new URL('offer', API), {

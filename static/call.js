@@ -22,6 +22,7 @@ const ui = {
   size: $('size-select'), codec: $('codec-select'),
   video: $('avatar-video'), unmute: $('unmute'), conn: $('conn'), level: $('mic-level'),
   stats: $('stats'), error: $('error'),
+  enhance: $('enhance-select'), strength: $('enhance-strength'),
   watch: $('watch'), watchLink: $('watch-link'), whepUrl: $('whep-url'),
 };
 
@@ -38,6 +39,23 @@ function setState(next) {
   ui.start.disabled = busy;
   ui.stop.disabled = !busy;
   ui.picker.disabled = busy;
+  ui.enhance.disabled = busy;
+  ui.strength.disabled = busy;
+}
+
+// Face post-processing (docs/sharpen.md): ?face_enhance=sharpen&face_enhance_strength=0.5 preselect it.
+if (['off', 'sharpen'].includes(params.get('face_enhance'))) ui.enhance.value = params.get('face_enhance');
+if (params.get('face_enhance_strength')) ui.strength.value = params.get('face_enhance_strength');
+const strengthShown = () => { ui.strength.hidden = ui.enhance.value !== 'sharpen'; };
+ui.enhance.addEventListener('change', strengthShown);
+strengthShown();
+
+/** The offer's face_enhance fields: none for the server's default. */
+function enhanceOptions() {
+  if (!ui.enhance.value) return {};
+  const options = { face_enhance: ui.enhance.value };
+  if (ui.enhance.value === 'sharpen') options.face_enhance_strength = Number(ui.strength.value);
+  return options;
 }
 
 function setConn(text, level) {
@@ -170,7 +188,9 @@ async function connect(c) {
   checkStopped();
 
   setConn('waiting for the server…', 'busy');
-  const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal, chosenSize());
+  const size = chosenSize();
+  const options = { ...enhanceOptions(), ...(size ? { size } : {}) };
+  const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal, options);
   c.sessionId = answer.session_id ?? null;
   showWatch(c.sessionId);
   if (c.done) { // stopped while the server was answering: end the session it just made

@@ -27,6 +27,11 @@ Policy (audio is never reordered; speech is never dropped while the buffer is wi
   call needs only :data:`FIRST_TRIM_WINDOW_PULLS` (1 s): a call's first audio often arrives bunched and
   primes playout blocks deeper than it needs, and that excess goes in one trim (dropping one block per
   window, as before, kept the second spare block for 5 s more).
+* A lost packet concealed by PLC because the packet after it (whose in-band FEC rebuilds it) had not come
+  yet (:meth:`InputAudioBuffer.observe_fec_missed`) deepens the buffer by one tick at once and keeps
+  :data:`FEC_GUARD_MS` more in its target and its trim guard for :data:`FEC_GUARD_HOLD_S` after the last
+  such loss: on a lossy link the next loss comes with its FEC at hand (20 ms more delay); on a clean one
+  the guard lapses and the depth returns at the next pause.
 * A tick that would find the buffer short first asks :attr:`InputAudioBuffer.refill` (the packet stage)
   for the missing audio, which conceals a lost packet then rather than let playout run dry.
 * Above ``max_ms`` (a client sending far faster than real time) the oldest audio is discarded whatever it
@@ -58,6 +63,10 @@ logger = logging.getLogger(__name__)
 TRIM_WINDOW_PULLS = 125  # ticks (5 s at 25 fps) of margins that must all allow a trim
 FIRST_TRIM_WINDOW_PULLS = 25  # the first after playout began (1 s): a call's start often arrives bunched
 TRIM_GUARD_MS = 5.0  # the least time to spare that a trim may leave
+# On a lossy stream that carries in-band FEC, one packet more of depth (kept this long after the last loss
+# that it would have saved) lets a lost packet be rebuilt from the next one instead of concealed by PLC.
+FEC_GUARD_MS = 20.0
+FEC_GUARD_HOLD_S = 10.0
 UNDERRUN_LOG_INTERVAL_S = 5.0  # underruns after a logged one are counted into the next line
 
 Int16Array = npt.NDArray[np.int16]
@@ -143,6 +152,8 @@ class InputAudioBuffer:
         # that holds the stream back a tick): how the buffer deepens once audio starts arriving late.
         self.stretch: Callable[[int], Int16Array] | None = None
         self._late_pending = False  # audio arrived too late to play since the last pull
+        self._fec_guard_until_s: float | None = None  # adaptive: keep FEC_GUARD_MS more until then
+        self._fec_hold_pending = False  # a loss missed its FEC since the last pull: deepen by FEC_GUARD_MS
         self._last_speech = False
 
     @property
@@ -150,8 +161,14 @@ class InputAudioBuffer:
         """The depth playout starts at (and trimming returns to)."""
         if self.jitter is None:
             return self._base_target_samples
-        extra = round(self.jitter.jitter_ms * self.sample_rate_hz / 1000)
+        extra = round((self.jitter.jitter_ms + self.fec_guard_ms) * self.sample_rate_hz / 1000)
         return min(self._max_target_samples, self._base_target_samples + extra)
+
+    @property
+    def fec_guard_ms(self) -> float:
+        """What the target keeps for FEC on a lossy stream now (0 once the last such loss is old)."""
+        until = self._fec_guard_until_s
+        return FEC_GUARD_MS if until is not None and self._clock() < until else 0.0
 
     @property
     def target_ms(self) -> float:
@@ -188,6 +205,14 @@ class InputAudioBuffer:
         if self.jitter is not None:
             self.jitter.observe(arrived_s, position / self.sample_rate_hz)
         self._late_pending = True
+
+    def observe_fec_missed(self) -> None:
+        """A lost packet was concealed before the packet carrying its FEC came: keep one packet more (the
+        next pull holds the stream back a tick if the buffer is below its target). Adaptive only."""
+        if self.jitter is None:
+            return
+        self._fec_guard_until_s = self._clock() + FEC_GUARD_HOLD_S
+        self._fec_hold_pending = True
 
     def push(
         self, samples: Int16Array, speech: bool, *, arrived_s: float | None = None, concealed: bool = False
@@ -253,8 +278,12 @@ class InputAudioBuffer:
             else:
                 return Pulled(np.zeros(count, np.int16), False, None, underrun=False)
         late, self._late_pending = self._late_pending, False
+        fec_hold, self._fec_hold_pending = self._fec_hold_pending, False
         if late and self.stretch is not None and self._depth < self.target_samples:
             return self._hold(count, self.stretch)
+        guard = round(FEC_GUARD_MS * self.sample_rate_hz / 1000)
+        if fec_hold and self.stretch is not None and count - guard <= self._depth < self.target_samples:
+            return self._hold_part(count, guard, self.stretch)
         if self._depth < count and self.refill is not None:
             self.refill(count - self._depth)
         if self._depth < count:
@@ -288,6 +317,19 @@ class InputAudioBuffer:
         self.stats.stretched_samples += count
         return Pulled(samples.astype(np.int16, copy=False), self._last_speech, None, underrun=False)
 
+    def _hold_part(self, count: int, held: int, stretch: Callable[[int], Int16Array]) -> Pulled:
+        """A tick of ``count - held`` queued samples and then ``held`` of concealment that continues them:
+        the stream is held back by ``held`` only (one packet, for the FEC guard; a late packet holds a
+        tick)."""
+        taken = self._take(count - held)
+        extra = stretch(held)
+        if len(extra) != held:
+            extra = np.resize(extra, held) if len(extra) else np.zeros(held, np.int16)
+        self.stats.stretched_samples += held
+        self._last_speech = taken.speech
+        samples = np.concatenate([taken.samples, extra.astype(np.int16, copy=False)])
+        return Pulled(samples, taken.speech, taken.input_pos, underrun=False, waited_ms=taken.waited_ms)
+
     def _log_underrun(self, count: int) -> None:
         now = self._clock()
         if self._underruns_logged_s is not None and now - self._underruns_logged_s < UNDERRUN_LOG_INTERVAL_S:
@@ -312,12 +354,16 @@ class InputAudioBuffer:
         self._underruns_unlogged = 0
 
     def _margin_s(self, count: int) -> float:
-        """How long ago the block holding the ``count``-th queued sample arrived (depth >= count)."""
+        """How long ago the block holding the ``count``-th queued sample arrived (depth >= count).
+
+        While the FEC guard holds, what counts is the packet after it (which carries that block's FEC, were
+        it lost): one packet later. A concealed block's arrival is already that packet's."""
         queued = 0
+        guard_s = self.fec_guard_ms / 1000.0
         for block in self._blocks:
             queued += len(block.samples)
             if queued >= count:
-                return self._clock() - block.arrived_s
+                return self._clock() - block.arrived_s - (0.0 if block.concealed else guard_s)
         raise AssertionError("margin asked with less than count queued")
 
     def _trim_by_margin(self, jitter: JitterEstimator) -> None:

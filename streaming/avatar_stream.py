@@ -95,12 +95,15 @@ class AvatarStream:
         crossfade_frames: int = CROSSFADE_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
         new_featurizer: Callable[[], Featurizer] | None = None,
+        enhance_strength: float = 0.0,
     ) -> None:
-        """``new_featurizer`` makes a fresh featurizer for :meth:`interrupt` (its windows forgotten)."""
+        """``new_featurizer`` makes a fresh featurizer for :meth:`interrupt` (its windows forgotten).
+        ``enhance_strength``: the session's face post-processing weight, sent with every frame (0: off)."""
         self.session_id = session_id
         self.avatar = avatar
         self.featurizer = featurizer
         self.renderer = renderer
+        self.enhance_strength = enhance_strength
         self.audio_in = audio_in
         self.clock = clock
         self.grid = FrameGrid(fps)
@@ -280,7 +283,7 @@ class AvatarStream:
         submitted = self._perf()
         future = self.renderer.submit(
             self.session_id,
-            RenderItem(self.avatar.name, frame_index, conditioning),
+            RenderItem(self.avatar.name, frame_index, conditioning, self.enhance_strength),
             deadline_s=self.present_time(index),
         )
         self.stats.rendered += 1

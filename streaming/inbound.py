@@ -125,6 +125,7 @@ class AudioIngest:
             OpusDecoder(),
             wait_ms_for=(lambda: jitter.jitter_ms) if jitter is not None else lambda: 20.0,
             on_late=self._late,
+            on_fec_missed=buffer.observe_fec_missed,
         )
         self._tap = PlayoutTap(self.playout, self.accept, buffer.clock)
         setattr(receiver, JITTER_BUFFER_ATTRIBUTE, self._tap)
@@ -158,6 +159,7 @@ class AudioIngest:
                 "lost": stats.lost,
                 "concealed_ms": round(stats.concealed_samples * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 1),
                 "fec": stats.fec_recovered,
+                "fec_missed": stats.fec_missed,
                 "late": stats.late,
                 "reordered": stats.reordered,
                 "stretched_ms": round(stats.stretched_samples * 1000.0 / MEDIA_SAMPLE_RATE_HZ, 1),

@@ -1,4 +1,5 @@
-"""Opus decoding with loss concealment: libopus's own PLC and in-band FEC, 48 kHz mono out.
+"""Opus through libopus: decoding with loss concealment (its own PLC and in-band FEC, 48 kHz mono out), and
+the outbound encoder whose bitrate follows the link (:class:`OpusEncoder`).
 
 PyAV's decoder (FFmpeg's ``libopus`` wrapper, which aiortc uses) reaches neither: FFmpeg never hands libopus
 an empty packet (PLC) and has no FEC switch. :class:`OpusDecoder` calls libopus through ``opuslib_next`` (a
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
+from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ, OPUS_PACKET_SAMPLES
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +171,67 @@ class OpusDecoder:
 
 def _whole_2_5_ms(samples: int) -> int:
     return max(SAMPLES_PER_2_5_MS, samples - samples % SAMPLES_PER_2_5_MS)
+
+
+# Outbound voice: aiortc's 96 kbps where the link has room; on a narrow one (the receiver's estimate for the
+# call's video below NARROW_AUDIO_BELOW_BPS) 32 kbps, back up once the estimate clears WIDE_AUDIO_ABOVE_BPS.
+# 32 kbps mono with FEC still carries wideband speech; at 96 kbps the voice was a third of a 300 kbps link.
+DEFAULT_OUTBOUND_BITRATE_BPS = 96_000
+NARROW_LINK_AUDIO_BITRATE_BPS = 32_000
+NARROW_AUDIO_BELOW_BPS = 600_000
+WIDE_AUDIO_ABOVE_BPS = 900_000
+
+
+def outbound_audio_bitrate(current_bps: int, video_estimate_bps: int) -> int:
+    """The voice's bitrate once the receiver estimates ``video_estimate_bps`` for the call's video."""
+    if video_estimate_bps < NARROW_AUDIO_BELOW_BPS:
+        return NARROW_LINK_AUDIO_BITRATE_BPS
+    if video_estimate_bps > WIDE_AUDIO_ABOVE_BPS:
+        return DEFAULT_OUTBOUND_BITRATE_BPS
+    return current_bps
+
+
+class OpusEncoder:
+    """Outbound Opus through libopus (``opuslib_next``), in aiortc's encoder interface: 20 ms packets, in-band
+    FEC when asked, and a bitrate that can change mid-call (:attr:`target_bitrate`), which PyAV's encoder
+    (aiortc's) cannot without reopening its codec and restarting its timestamps.
+
+    Frames of any layout and rate are resampled to 48 kHz mono in 20 ms frames, as aiortc's encoder does."""
+
+    def __init__(self, *, fec_loss_percent: int | None = None) -> None:
+        if opuslib_next is None:
+            raise RuntimeError(f"libopus is not loadable: {_LIBOPUS_ERROR}")
+        from av import AudioResampler
+
+        self._encoder = opuslib_next.Encoder(MEDIA_SAMPLE_RATE_HZ, 1, "voip")
+        self._encoder.bitrate = DEFAULT_OUTBOUND_BITRATE_BPS
+        if fec_loss_percent is not None:
+            self._encoder.inband_fec = 1
+            self._encoder.packet_loss_perc = fec_loss_percent
+        self._bitrate_bps = DEFAULT_OUTBOUND_BITRATE_BPS
+        self._resampler = AudioResampler(
+            format="s16", layout="mono", rate=MEDIA_SAMPLE_RATE_HZ, frame_size=OPUS_PACKET_SAMPLES
+        )
+        self._samples = 0  # encoded so far: the RTP timestamp of the next packet (48 kHz)
+
+    @property
+    def target_bitrate(self) -> int:
+        return self._bitrate_bps
+
+    @target_bitrate.setter
+    def target_bitrate(self, bitrate_bps: int) -> None:
+        if bitrate_bps != self._bitrate_bps:
+            self._encoder.bitrate = bitrate_bps
+            self._bitrate_bps = bitrate_bps
+
+    def encode(self, frame: Any, force_keyframe: bool = False) -> tuple[list[bytes], int | None]:
+        payloads: list[bytes] = []
+        timestamp = self._samples
+        for out in self._resampler.resample(frame):
+            pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
+            payloads.append(self._encoder.encode(pcm.tobytes(), len(pcm)))
+            self._samples += len(pcm)
+        return (payloads, timestamp) if payloads else ([], None)
+
+    def pack(self, packet: Any) -> tuple[list[bytes], int]:
+        raise NotImplementedError("lipcast's tracks send frames, not encoded packets")

@@ -19,7 +19,11 @@ I/O and its clock passed in (unit-tested against recorded packet timelines):
   packet arrived in the last :data:`ACTIVE_STREAM_MS`) the missing audio is concealed even before the next
   packet says it is missing (a burst of losses, or a packet stuck in the network), whole packets at a time.
   The stream's timeline stays the sender's, so the buffer never runs dry for loss, and its adaptive target
-  follows the network's jitter only.
+  follows the network's jitter only. A single packet concealed so, when the packet after it comes carrying
+  in-band FEC, could have been rebuilt had that packet been there in time: ``on_fec_missed`` tells the
+  buffer, which then keeps one packet more while the stream stays lossy (a burst gains little from FEC,
+  which rebuilds only the burst's last packet, so it does not count)
+  (:meth:`lipcast.streaming.audio_buffer.InputAudioBuffer.observe_fec_missed`).
 * A packet that arrives after its slot was concealed is dropped (*late*) but its arrival is reported
   (``on_late``): lateness is jitter, and the buffer's target must see it. The buffer then holds the stream
   back a tick (:meth:`PacketPlayout.stretch`: concealment that takes no slot) while it is below its target,
@@ -57,6 +61,7 @@ class PlayoutStats:
     lost: int = 0  # packets given up on and concealed
     concealed_samples: int = 0
     fec_recovered: int = 0  # of the lost, rebuilt from the next packet's in-band FEC
+    fec_missed: int = 0  # of the lost, concealed alone before the next packet came, which carried its FEC
     late: int = 0  # arrived after their slot was concealed (dropped)
     reordered: int = 0  # arrived after a packet sent later, in time to be played
     duplicates: int = 0
@@ -91,6 +96,9 @@ class PacketPlayout:
     decoder: OpusDecoder
     wait_ms_for: Callable[[], float] = lambda: MIN_WAIT_MS
     on_late: Callable[[int, float], None] | None = None  # (its RTP timestamp, when it arrived)
+    # A packet was concealed by PLC before the one after it came, on a stream that carries in-band FEC: one
+    # packet more of buffer would have rebuilt it (the buffer deepens: InputAudioBuffer.observe_fec_missed).
+    on_fec_missed: Callable[[], None] | None = None
     stats: PlayoutStats = field(default_factory=PlayoutStats)
 
     def __post_init__(self) -> None:
@@ -101,6 +109,9 @@ class PacketPlayout:
         self._gap_since_s: float | None = None  # when the first packet behind the missing head arrived
         self._last_arrival_s: float | None = None
         self._packet_samples = DEFAULT_PACKET_SAMPLES
+        # The run of packets last concealed ahead, (first sequence number, count): when the packet after it
+        # comes carrying FEC and the run was one packet, FEC would have rebuilt it had it been there.
+        self._concealed_ahead: tuple[int, int] | None = None
 
     def _extend(self, sequence: int) -> int:
         if self._highest is None:
@@ -127,6 +138,13 @@ class PacketPlayout:
         if seq in self._waiting:
             self.stats.duplicates += 1
             return []
+        if self._concealed_ahead is not None and seq >= sum(self._concealed_ahead):
+            start, count = self._concealed_ahead
+            self._concealed_ahead = None
+            if seq == start + count and count == 1 and has_lbrr(payload):
+                self.stats.fec_missed += 1
+                if self.on_fec_missed is not None:
+                    self.on_fec_missed()
         if self._highest is not None and seq < self._highest:
             self.stats.reordered += 1
         self._highest = seq if self._highest is None else max(self._highest, seq)
@@ -182,6 +200,9 @@ class PacketPlayout:
             self.stats.concealed_samples += len(samples)
             out.append(Released(samples, None, "plc"))
         self.stats.lost += packets
+        start, count = self._concealed_ahead or (self._next, 0)
+        run_goes_on = start + count == self._next
+        self._concealed_ahead = (start, count + packets) if run_goes_on else (self._next, packets)
         self._next += packets
         if self._next_timestamp is not None:
             self._next_timestamp += packets * self._packet_samples
@@ -240,3 +261,4 @@ class PacketPlayout:
         self._waiting.clear()
         self._next = self._highest = self._next_timestamp = None
         self._gap_since_s = self._last_arrival_s = None
+        self._concealed_ahead = None

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,9 +32,10 @@ import aiortc.rtp
 import numpy as np
 from aiortc import RTCRtpReceiver, RTCRtpSender
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
-from aiortc.rtp import RtcpRrPacket, RtcpSrPacket
+from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, RtcpRrPacket, RtcpSrPacket, unpack_remb_fci
 
 from lipcast.streaming.encoders import H264Encoder, H264Settings, Vp8Encoder, Vp8Settings
+from lipcast.streaming.opus import OpusEncoder, libopus_available, outbound_audio_bitrate
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ class PacketJitterBuffer(JitterBuffer):
         return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
 
 
+def is_vp8_keyframe(frame: bytes) -> bool:
+    """Whether a depayloaded VP8 frame is a keyframe: its frame tag's first bit is 0 (RFC 6386 9.1)."""
+    return len(frame) >= 3 and frame[0] & 1 == 0
+
+
 class MarkerJitterBuffer(JitterBuffer):
     """Video: the frame at the head is released on its marker-bit packet (its last), contiguous from the head;
     a frame whose marker packet was lost is released when the next frame starts, as aiortc does. A missing
@@ -72,8 +79,16 @@ class MarkerJitterBuffer(JitterBuffer):
     def __init__(self, capacity: int = VIDEO_JITTER_CAPACITY_PACKETS) -> None:
         super().__init__(capacity=capacity, is_video=True)
         self._stalled_since: float | None = None
+        self.give_ups: list[float] = []  # when (time.monotonic) a missing packet was given up and PLI sent
+        self.keyframes_at: list[float] = []  # when a VP8 keyframe was released to the decoder
 
     def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        pli, frame = self._add(packet)
+        if frame is not None and is_vp8_keyframe(frame.data):
+            self.keyframes_at.append(time.monotonic())
+        return pli, frame
+
+    def _add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
         pli, frame = super().add(packet)
         now = time.monotonic()
         if frame is not None or self._stalled_since is None:
@@ -82,6 +97,7 @@ class MarkerJitterBuffer(JitterBuffer):
         if now - self._stalled_since < VIDEO_GIVE_UP_MS / 1000.0:
             return pli, None
         self._stalled_since = now
+        self.give_ups.append(now)
         self._skip_to_frame(packet.timestamp)
         return True, self._remove_frame(packet.sequence_number)
 
@@ -213,10 +229,12 @@ def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
         encoder = Vp8Encoder(_vp8_settings)
     elif mime == "video/h264" and _h264_settings is not None:
         encoder = H264Encoder(_h264_settings)
+    elif mime == "audio/opus" and libopus_available():
+        encoder = OpusEncoder(fec_loss_percent=_opus_fec_loss_percent)
     else:
         encoder = original(codec)
-    if mime == "audio/opus" and _opus_fec_loss_percent is not None:
-        _with_fec(encoder, _opus_fec_loss_percent)
+        if mime == "audio/opus" and _opus_fec_loss_percent is not None:
+            _with_fec(encoder, _opus_fec_loss_percent)
     if _timing_encoders:
         encoder = _TimedEncoder(encoder, "audio" if mime.startswith("audio/") else "video")
     return encoder
@@ -250,6 +268,10 @@ def use_congestion_control() -> None:
 
     async def handle_rtcp_packet(self: Any, packet: Any) -> None:
         await handle_rtcp(self, packet)
+        if self.kind == "audio":
+            _audio_senders.setdefault(self.transport, weakref.WeakSet()).add(self)
+        elif isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+            _follow_video_estimate(self, packet)
         if isinstance(packet, RtcpRrPacket | RtcpSrPacket):
             encoder = getattr(self, "_RTCRtpSender__encoder", None)
             on_loss = getattr(encoder, "on_loss", None)
@@ -270,6 +292,27 @@ def use_congestion_control() -> None:
     sender_class._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
     sender_class._retransmit = budgeted_retransmit  # type: ignore[method-assign]
     sender_class._lipcast_congestion = True  # type: ignore[attr-defined]
+
+
+# The audio senders of each transport (a call's, bundled), so the receiver's estimate for its video can set
+# the voice's bitrate too (registered at their first RTCP packet: receivers report about once a second).
+_audio_senders: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+def _follow_video_estimate(video_sender: Any, packet: Any) -> None:
+    """A REMB for ``video_sender``'s stream: the voice of the same call moves to what that link allows."""
+    try:
+        bitrate_bps, ssrcs = unpack_remb_fci(packet.fci)
+    except ValueError:
+        return
+    if video_sender._ssrc not in ssrcs:
+        return
+    for sender in list(_audio_senders.get(video_sender.transport, ())):
+        encoder = getattr(sender, "_RTCRtpSender__encoder", None)
+        if isinstance(encoder, _TimedEncoder):
+            encoder = encoder._inner
+        if isinstance(encoder, OpusEncoder):
+            encoder.target_bitrate = outbound_audio_bitrate(encoder.target_bitrate, bitrate_bps)
 
 
 def use_opus_fec(loss_percent: int = 10) -> None:

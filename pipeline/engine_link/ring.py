@@ -11,6 +11,7 @@ Request record (``REQUEST_HEADER`` then the conditioning)::
     avatar       64 bytes, utf-8, NUL-padded
     frame index  int32
     deadline_s   float64 on CLOCK_MONOTONIC (NaN: none); the same clock in every process on Linux
+    enhance      float32, the item's face post-processing strength (0: off)
     conditioning float32 x conditioning_size
 
 Response record: top, left, height, width (4 x int32), then ``max_patch_bytes`` of RGB pixels.
@@ -33,7 +34,7 @@ import numpy as np
 
 from lipcast.pipeline.backend import FloatArray, RenderedPatch, RenderItem, UInt8Array
 
-REQUEST_HEADER = struct.Struct("<16s64sid")  # session, avatar, frame index, deadline (88 bytes)
+REQUEST_HEADER = struct.Struct("<16s64sidf")  # session, avatar, frame index, deadline, enhance (92 bytes)
 RESPONSE_HEADER = struct.Struct("<iiiiii")  # top, left, height, width, box height, box width (0: none)
 NOTE = struct.Struct("<cI")  # kind, slot
 CANCEL = struct.Struct("<c16s")  # b"C", session id
@@ -143,6 +144,7 @@ class Ring:
             _text(item.avatar, MAX_AVATAR_NAME_BYTES, "avatar name"),
             item.frame_index,
             math.nan if deadline_s is None else deadline_s,
+            item.enhance_strength,
         )
         view = np.ndarray(
             (layout.conditioning_size,), np.float32, buffer=self._buf, offset=at + REQUEST_HEADER.size
@@ -153,11 +155,11 @@ class Ring:
         """The request in ``slot``, its conditioning copied out (the slot is reused once answered)."""
         layout = self.layout
         at = self._request_at(slot)
-        session, avatar, frame_index, deadline = REQUEST_HEADER.unpack_from(self._buf, at)
+        session, avatar, frame_index, deadline, enhance = REQUEST_HEADER.unpack_from(self._buf, at)
         conditioning: FloatArray = np.ndarray(
             layout.conditioning_shape, np.float32, buffer=self._buf, offset=at + REQUEST_HEADER.size
         ).copy()
-        item = RenderItem(_untext(avatar), int(frame_index), conditioning)
+        item = RenderItem(_untext(avatar), int(frame_index), conditioning, enhance_strength=float(enhance))
         return _untext(session), item, None if math.isnan(deadline) else float(deadline)
 
     # -- responses (written by the engine side, read by the worker) -----------------------------------------

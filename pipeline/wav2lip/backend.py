@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from lipcast.pipeline.avatar import Avatar
 from lipcast.pipeline.backend import RenderedPatch, RenderItem
 from lipcast.pipeline.defaults import COMPILE_MODE, WAV2LIP, default_batch_sizes
+from lipcast.pipeline.enhance.stage import FACE_SIZE_PX, MouthSharpener
+from lipcast.pipeline.enhance.weights import Restorer
 from lipcast.pipeline.timing import FPS
 from lipcast.pipeline.warmup import time_batch_sizes
 from lipcast.pipeline.wav2lip.checkpoint import load_wav2lip
@@ -87,6 +89,7 @@ class _Bucket:
     mel: torch.Tensor  # (N, 1, 80, 16) float32, device
     rows: torch.Tensor  # (N,) int64, device
     out: torch.Tensor  # (N, Hc, Wc, 3) uint8, device (the graph's output)
+    face: torch.Tensor  # (N, 3, R, 96) the network's face rows, device (read by the sharpen stage)
     graph: torch.cuda.CUDAGraph
 
 
@@ -115,6 +118,7 @@ class Wav2LipBackend:
         compiler: Compiler | None = None,
         fuse_units: bool | None = None,
         crop_rows: bool = True,
+        restorer: Restorer | None = None,
     ) -> None:
         """``checkpoint``: a path, a (checkpoint or state) dict, or None for random weights (tests).
 
@@ -126,6 +130,8 @@ class Wav2LipBackend:
         renders with eager kernels. ``compiler`` replaces ``torch.compile`` (tests). ``fuse_units``: conv
         units as single cuDNN calls on CUDA (:mod:`.fused`); None fuses them for eager kernels only.
         ``crop_rows``: decode only the face rows the paste reads (:mod:`.rows`); False decodes all 96.
+        ``restorer``: the sharpen stage's network (:mod:`lipcast.pipeline.enhance`), run for the items whose
+        ``enhance_strength`` is above 0; None: no item is sharpened.
         """
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
@@ -166,11 +172,27 @@ class Wav2LipBackend:
         self._compiler = compiler
         self.compiled: CompiledDecoder | None = None
         self._new_compiled()
+        self.sharpener: MouthSharpener | None = None
+        if restorer is not None:
+            self.sharpener = MouthSharpener(
+                restorer,
+                device=self.device,
+                region_rows=FACE_SIZE_PX - self.row_plan.first_row,
+                batch_sizes=self.batch_sizes,
+                stream=self._stream,
+                cuda_graphs=cuda_graphs,
+            )
+            self.sharpener.prepare()
         # The engine calls everything from its worker thread; the lock keeps a stray add_avatar from
         # another thread from swapping the tables under a render.
         self._lock = threading.RLock()
 
     # -- seam properties -----------------------------------------------------------------------------------
+
+    @property
+    def sharpen_device(self) -> str | None:
+        """Where the sharpen stage runs ("cuda", "cpu"), or None without a restorer."""
+        return None if self.sharpener is None else self.device.type
 
     @property
     def conditioning_shape(self) -> tuple[int, ...]:
@@ -296,11 +318,21 @@ class Wav2LipBackend:
         feats: Sequence[torch.Tensor],
         base: torch.Tensor,
         paste: torch.Tensor,
-    ) -> torch.Tensor:
-        """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mel (N, 1, 80, 16) float32 + gathered tables -> (N, Hc, Wc, 3) uint8 RGB canvases, and the
+        network's face rows they were pasted from."""
         audio = mel.to(self.dtype).contiguous(memory_format=self.memory_format)
         face = self._network(audio, feats)
-        return paste_faces(face, base, paste)
+        return paste_faces(face, base, paste), face
+
+    def _sharpen_hook(
+        self, canvases: torch.Tensor, face: torch.Tensor, rows: torch.Tensor, items: Sequence[RenderItem]
+    ) -> None:
+        """The face post-processing of the batch's sharpen rows, in place on the device canvases
+        (:class:`lipcast.pipeline.enhance.stage.MouthSharpener`); nothing without a restorer or such rows."""
+        if self.sharpener is not None:
+            strengths = [item.enhance_strength for item in items]
+            self.sharpener.apply(canvases, face, rows, self._base, self._paste, strengths)
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderedPatch]:
         """Render a batch; one patch per item, in order: RGB uint8 rows ``row0..h`` of the padded face box.
@@ -319,7 +351,7 @@ class Wav2LipBackend:
             canvases, finish = self._launch_graph(rows, items)
         else:
             mels = np.stack([item.conditioning for item in items]).astype(np.float32, copy=False)
-            canvases = self._render_eager(rows, mels)
+            canvases = self._render_eager(rows, mels, items)
         patches = []  # views of the download (fresh per render), built while the device works on it
         try:
             for canvas, item, entry in zip(canvases, items, entries, strict=True):
@@ -332,15 +364,16 @@ class Wav2LipBackend:
         return patches
 
     def _render_eager(
-        self, rows: npt.NDArray[np.int64], mels: npt.NDArray[np.float32]
+        self, rows: npt.NDArray[np.int64], mels: npt.NDArray[np.float32], items: Sequence[RenderItem]
     ) -> npt.NDArray[np.uint8]:
         with self._on_stream():
             index = torch.from_numpy(rows).to(self.device)
             mel = torch.from_numpy(mels).to(self.device)[:, None]
             feats = [gather_rows(t, index) for t in self._feats]
-            out = self._compute(
+            out, face = self._compute(
                 mel, feats, self._base.index_select(0, index), self._paste.index_select(0, index)
             )
+            self._sharpen_hook(out, face, index, items)
             result = out.cpu().numpy()
         return result
 
@@ -360,12 +393,13 @@ class Wav2LipBackend:
         host[mel_values:].view(np.int64)[:] = rows
         with torch.cuda.stream(stream):
             bucket.graph.replay()  # the upload is the graph's first node
+            self._sharpen_hook(bucket.out, bucket.face, bucket.rows, items)
             # torch's caching pinned allocator; back when the last patch view goes (copies: 2x slower)
             out_host = torch.empty(bucket.out.shape, dtype=torch.uint8, pin_memory=True)
             out_host.copy_(bucket.out, non_blocking=True)
         return out_host.numpy(), stream.synchronize  # the wait also guards the upload buffers
 
-    def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _gathered_compute(self, mel: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather the rows from the avatar tables and render them (the body of a bucket's graph)."""
         feats = [gather_rows(t, rows) for t in self._feats]  # channels_last on CUDA, no extra copy
         return self._compute(mel, feats, self._base.index_select(0, rows), self._paste.index_select(0, rows))
@@ -396,13 +430,14 @@ class Wav2LipBackend:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             upload.copy_(upload_host, non_blocking=True)  # one launch less per render
-            out = self._gathered_compute(mel, rows)
+            out, face = self._gathered_compute(mel, rows)
         bucket = _Bucket(
             upload_host=upload_host,
             upload=upload,
             mel=mel,
             rows=rows,
             out=out,
+            face=face,
             graph=graph,
         )
         self._buckets[size] = bucket

@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 
 from lipcast.pipeline.backend import Featurizer, LipSyncBackend
 from lipcast.pipeline.engine_link.ring import RingLayout
+from lipcast.pipeline.enhance.options import sharpen_device
 from lipcast.server.config import Settings
 
 ENGINE = "engine"  # frames go to the front's engine through shared memory
@@ -47,6 +48,7 @@ class BackendInfo:
     lookahead_ms: float
     crossfade_frames: int
     featurizer: bytes  # a pickled fresh featurizer; each session gets its own copy
+    sharpen_device: str | None = None  # where the engine's sharpen stage runs; None: it has none
 
     @classmethod
     def of(cls, backend: LipSyncBackend) -> BackendInfo:
@@ -56,6 +58,7 @@ class BackendInfo:
             float(backend.lookahead_ms),
             int(backend.crossfade_frames),
             pickle.dumps(backend.new_featurizer()),
+            sharpen_device(backend),
         )
 
 
@@ -78,6 +81,10 @@ class LinkedBackend:
     @property
     def crossfade_frames(self) -> int:
         return self.info.crossfade_frames
+
+    @property
+    def sharpen_device(self) -> str | None:
+        return self.info.sharpen_device
 
     def new_featurizer(self) -> Featurizer:
         # our own bytes, from the front

@@ -196,3 +196,24 @@ def test_a_delay_that_stays_high_never_recovers() -> None:
     r = analysis.delay_recovery(times, delays, impaired_from=10.0, impaired_until=30.0)
     assert r is not None and r.recovered_s is None
     assert analysis.delay_recovery(times, delays, impaired_from=1.0, impaired_until=30.0) is None
+
+
+def test_a_broken_picture_counts_from_its_last_good_frame_to_the_next_keyframe() -> None:
+    arrivals = [k * 0.04 for k in range(100)]  # 25 fps for 4 s
+    keyframes_at = [0.0, 1.30, 3.05]
+    # Broken at 1.0 s (mended by the keyframe at 1.30), again at 1.1 s (inside it: not counted twice), at
+    # 2.5 s (mended at 3.05), and once before the first frame (nothing to count from).
+    recoveries = analysis.picture_recoveries_ms(arrivals, keyframes_at, [1.1, 1.0, 2.5, -1.0])
+    assert recoveries == [pytest.approx(300.0), pytest.approx(570.0)]
+    # Never mended: to the last frame.
+    assert analysis.picture_recoveries_ms(arrivals, [0.0], [2.0]) == [pytest.approx(1960.0)]
+
+
+def test_a_vp8_keyframe_is_told_from_its_first_packet() -> None:
+    from lipcast.probe.keyframe_loss import starts_vp8_keyframe
+
+    key, delta = bytes([0x50, 0x01, 0x9D]), bytes([0x51, 0x01, 0x9D])  # frame tag bit 0: 0 key, 1 delta
+    assert starts_vp8_keyframe(bytes([0x10]), key)  # S set, partition 0
+    assert not starts_vp8_keyframe(bytes([0x10]), delta)
+    assert not starts_vp8_keyframe(bytes([0x00]), key)  # not the frame's first packet
+    assert not starts_vp8_keyframe(bytes([0x11]), key)  # partition 1

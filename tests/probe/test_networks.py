@@ -92,3 +92,21 @@ async def test_jitter_starting_mid_call_deepens_the_buffer_instead_of_dropping(a
     _, jittery, recording = await clean_and_impaired(aiohttp_client, "delay=50ms,jitter=30ms,from=3s")
     assert jittery.audio_returned >= 0.9
     assert last_rx(recording)["stretched_ms"] >= 40
+
+
+async def test_a_lost_keyframe_is_mended_within_half_a_second(aiohttp_client) -> None:
+    # The probe asks for a keyframe 3 s in and drops all of its packets (retransmissions too): its receiver
+    # gives up after 200 ms and asks again, and the server's next keyframe mends the picture.
+    client = await aiohttp_client(create_app(Settings()))
+    url = str(client.make_url("")).rstrip("/")
+    recording = await call(
+        url,
+        burst_pattern(CALL_S, seed=11),
+        tail_s=0.6,
+        http=client.session,
+        options=CallOptions(video_release="marker", lose_keyframe_at_s=3.0),
+    )
+    result = report.analyse(recording)
+    assert len(recording.video.lost_keyframe_at) == 1
+    assert result.lost_keyframe_mended_ms is not None and result.lost_keyframe_mended_ms <= 600
+    assert result.fps >= 22

@@ -1,5 +1,6 @@
-"""The packet stage and the adaptive buffer together, against a packet timeline whose network grows later
-mid-call and then calms down: the buffer deepens at once (held ticks), then comes back within seconds."""
+"""The packet stage and the adaptive buffer together, against packet timelines: a network that grows later
+mid-call and then calms down (the buffer deepens at once, held ticks, then comes back within seconds), and a
+lossy one whose packets carry in-band FEC (the buffer keeps one packet more, so losses are rebuilt)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from lipcast.streaming.audio_buffer import InputAudioBuffer
 from lipcast.streaming.jitter import JitterEstimator
@@ -37,7 +39,10 @@ class Receiver:
             target_ms=40.0, jitter=self.jitter, max_target_ms=300.0, clock=lambda: self.now_s
         )
         self.playout = PacketPlayout(
-            FakeDecoder(), wait_ms_for=lambda: self.jitter.jitter_ms, on_late=self._late
+            FakeDecoder(),
+            wait_ms_for=lambda: self.jitter.jitter_ms,
+            on_late=self._late,
+            on_fec_missed=self.buffer.observe_fec_missed,
         )
         self.buffer.refill = lambda short: self._emit(self.playout.release(self.now_s, need_samples=short))
         if self.stretch:
@@ -53,8 +58,9 @@ class Receiver:
             speech = speaking(n) if n is not None else True
             self.buffer.push(r.samples, speech, arrived_s=r.arrived_s, concealed=r.arrived_s is None)
 
-    def packet(self, n: int) -> None:
-        self._emit(self.playout.push(n, n * PACKET, bytes([n % 100 + 1, 0]), self.now_s))
+    def packet(self, n: int, payload: bytes | None = None) -> None:
+        payload = bytes([n % 100 + 1, 0]) if payload is None else payload
+        self._emit(self.playout.push(n, n * PACKET, payload, self.now_s))
 
     def deadline(self) -> None:
         deadline = self.playout.deadline_s()
@@ -62,26 +68,44 @@ class Receiver:
             self._emit(self.playout.release(self.now_s))
 
 
-def run(stretch: bool, seed: int = 1) -> tuple[Receiver, list[tuple[float, float]]]:
-    """Packets every 20 ms: 20 ms network delay, then 70 +- 30 ms (reordering), then 20 ms again.
-    Returns the receiver and, per tick, (time, how long its first sample waited in the buffer)."""
+# A speech packet whose SILK header says it carries in-band FEC for the one before (hybrid, VAD 1, LBRR 1)
+FEC_PAYLOAD = bytes([0x78, 0xFF])
+
+
+def run(
+    stretch: bool,
+    seed: int = 1,
+    *,
+    jitter: bool = True,
+    loss: float = 0.0,
+    burst: int = 1,
+    tick_phase_s: float = 0.0,
+) -> tuple[Receiver, list[tuple[float, float]]]:
+    """Packets every 20 ms: 20 ms network delay, then (``jitter``) 70 +- 30 ms (reordering), then 20 ms
+    again; with ``loss``, losses of ``burst`` packets start at that share of the middle stretch's packets,
+    and every speech packet carries FEC. Returns the receiver and, per tick, (time, how long its first
+    sample waited in the buffer)."""
     rng = random.Random(seed)
     events: list[tuple[float, int, int]] = []  # (time, kind: 0 packet / 1 tick, packet number)
     total_s = CLEAN_S + JITTER_S + AFTER_S
+    lost_left = 0  # of the burst being lost
     for n in range(int(total_s / 0.020)):
         sent = n * 0.020
-        jittery = CLEAN_S <= sent < CLEAN_S + JITTER_S
-        delay = 0.070 + rng.uniform(-0.030, 0.030) if jittery else 0.020
+        middle = CLEAN_S <= sent < CLEAN_S + JITTER_S
+        if middle and (lost_left > 0 or (loss and rng.random() < loss)):
+            lost_left = lost_left - 1 if lost_left > 0 else burst - 1
+            continue
+        delay = 0.070 + rng.uniform(-0.030, 0.030) if middle and jitter else 0.020
         heapq.heappush(events, (sent + delay, 0, n))
     for k in range(int(total_s / 0.040)):
-        heapq.heappush(events, (0.5 + k * 0.040, 1, k))
+        heapq.heappush(events, (0.5 + tick_phase_s + k * 0.040, 1, k))
     rx = Receiver(stretch)
     waits: list[tuple[float, float]] = []
     while events:
         rx.now_s, kind, n = heapq.heappop(events)
         rx.deadline()
         if kind == 0:
-            rx.packet(n)
+            rx.packet(n, FEC_PAYLOAD if loss and speaking(n) else None)
         else:
             pulled = rx.buffer.pull(TICK)
             if pulled.waited_ms is not None:
@@ -111,3 +135,31 @@ def test_a_network_that_grows_later_mid_call_loses_almost_nothing_and_the_delay_
 def test_without_holding_the_stream_back_the_late_packets_stay_late() -> None:
     rx, _ = run(stretch=False)
     assert len(rx.late_packets) > 0.3 * int(JITTER_S / 0.020)
+
+
+def test_on_a_lossy_link_with_fec_the_buffer_keeps_one_packet_more_and_losses_are_rebuilt() -> None:
+    # Ticks 33 ms after a packet's arrival: the tick's last packet has just come, the one after it has not.
+    clean_rx, clean_waits = run(stretch=True, jitter=False, tick_phase_s=0.033)
+    rx, waits = run(stretch=True, jitter=False, loss=0.03, tick_phase_s=0.033)
+    stats = rx.playout.stats
+    assert stats.lost >= 20 and stats.late == 0
+    # The first loss comes before the buffer knows; then a loss in speech has its FEC at hand (without the
+    # guard, 12 of these 30 losses were concealed before their FEC came and 5 rebuilt).
+    assert stats.fec_missed <= 2 and stats.fec_recovered >= 12
+    clean = median_wait(clean_waits, 3.0, CLEAN_S)
+    end = CLEAN_S + JITTER_S
+    # One tick more at the first such loss, given back down to one packet more within 6 s.
+    assert median_wait(waits, CLEAN_S + 6.0, end) == pytest.approx(clean + 20.0)
+    # Once the losses stop, the guard lapses (10 s) and the depth returns at the next pauses.
+    assert median_wait(waits, end + 11.0, end + AFTER_S) == pytest.approx(clean)
+    assert clean_rx.playout.stats.fec_missed == 0 and clean_rx.buffer.fec_guard_ms == 0.0
+
+
+def test_bursts_that_fec_cannot_rebuild_leave_the_buffer_as_it_was() -> None:
+    # FEC rebuilds only the last packet of a burst: a burst of 4 does not call for one packet more.
+    clean_rx, clean_waits = run(stretch=True, jitter=False, tick_phase_s=0.033)
+    rx, waits = run(stretch=True, jitter=False, loss=0.0125, burst=4, tick_phase_s=0.033)
+    assert rx.playout.stats.lost >= 30 and rx.playout.stats.fec_missed == 0
+    assert rx.buffer.fec_guard_ms == 0.0 and rx.buffer.stats.stretched_samples == 0
+    clean = median_wait(clean_waits, 3.0, CLEAN_S)
+    assert median_wait(waits, CLEAN_S + 2.0, CLEAN_S + JITTER_S) == pytest.approx(clean)
