@@ -60,6 +60,18 @@ def receive_audio_packets(receiver: Any, out: ReceivedAudio) -> bool:
     return True
 
 
+def first_frame_offset(receiver: Any) -> int:
+    """90 kHz ticks from the stream's first packet to the first frame aiortc's receiver released (its pts 0):
+    nonzero when the first frames were lost or given up (0 when either is unknown)."""
+    buffer = getattr(receiver, JITTER_BUFFER_ATTRIBUTE, None)
+    mapper = getattr(receiver, "_RTCRtpReceiver__timestamp_mapper", None)
+    origin = getattr(mapper, "_origin", None)
+    if not isinstance(buffer, MarkerJitterBuffer) or buffer.first_timestamp is None or origin is None:
+        return 0
+    offset = (int(origin) - buffer.first_timestamp) % (1 << 32)
+    return offset if offset < 1 << 31 else 0
+
+
 async def lose_keyframe(receiver: Any, at_s: float) -> None:
     """``at_s`` after the first video packet: arm the receiver's keyframe loss and ask for a keyframe."""
     buffer = getattr(receiver, JITTER_BUFFER_ATTRIBUTE)
@@ -203,6 +215,9 @@ async def call(
         recording.connected_at = time.monotonic()
         await source.done.wait()
         await asyncio.sleep(tail_s)
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "video":
+                video.pts_offset = first_frame_offset(transceiver.receiver)
         return recording
     finally:
         if recording is not None:

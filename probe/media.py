@@ -72,6 +72,10 @@ class ReceivedVideo:
     # broken from the last frame before until the next keyframe.
     give_ups: list[float] = field(default_factory=list)
     lost_keyframe_at: list[float] = field(default_factory=list)  # a keyframe the probe lost on purpose
+    # aiortc's receiver counts pts from the first frame it *released*; when the stream's first frames never
+    # decoded (lost at the start of a narrow link), this many 90 kHz ticks lie before that frame
+    # (:func:`first_frame_offset`).
+    pts_offset: int = 0
 
 
 @dataclass

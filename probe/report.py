@@ -108,7 +108,8 @@ def frame_numbers(recording: CallRecording) -> np.ndarray:
     if not recording.meta or not recording.video.pts:
         return np.full(len(recording.video.pts), -1)
     first = int(recording.meta[0][1]["frame"])
-    return first + np.asarray(recording.video.pts, dtype=np.int64) // VIDEO_PTS_PER_FRAME
+    pts = np.asarray(recording.video.pts, dtype=np.int64) + recording.video.pts_offset
+    return first + pts // VIDEO_PTS_PER_FRAME
 
 
 def motion_threshold(motion: np.ndarray, silent: np.ndarray) -> float:

@@ -81,8 +81,11 @@ class MarkerJitterBuffer(JitterBuffer):
         self._stalled_since: float | None = None
         self.give_ups: list[float] = []  # when (time.monotonic) a missing packet was given up and PLI sent
         self.keyframes_at: list[float] = []  # when a VP8 keyframe was released to the decoder
+        self.first_timestamp: int | None = None  # the RTP timestamp of the first packet that came
 
     def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        if self.first_timestamp is None:
+            self.first_timestamp = packet.timestamp
         pli, frame = self._add(packet)
         if frame is not None and is_vp8_keyframe(frame.data):
             self.keyframes_at.append(time.monotonic())

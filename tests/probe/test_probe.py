@@ -93,3 +93,23 @@ def test_burst_pattern_is_detected_as_bursts() -> None:
     bursts = report.analysis.detect_bursts(audio)
     assert 3 <= len(bursts) <= 8
     assert bursts[0].start >= int(1.4 * 48_000)
+
+
+def test_frames_are_numbered_from_the_streams_first_packet_not_the_first_frame_released() -> None:
+    # On a narrow link the first frames can be lost: aiortc's receiver counts pts from the first frame it
+    # released, 8 frames (8 x 3600 ticks) after the stream's first packet.
+    from types import SimpleNamespace
+
+    from aiortc.rtcrtpreceiver import TimestampMapper
+
+    from lipcast.probe.client import first_frame_offset
+    from lipcast.streaming.rtc import MarkerJitterBuffer
+
+    buffer, mapper = MarkerJitterBuffer(), TimestampMapper()
+    buffer.first_timestamp = (1 << 32) - 3600  # the RTP clock wraps in between
+    mapper.map(7 * 3600)  # the first frame released: 8 frames later, across the wrap
+    receiver = SimpleNamespace(
+        _RTCRtpReceiver__jitter_buffer=buffer, _RTCRtpReceiver__timestamp_mapper=mapper
+    )
+    assert first_frame_offset(receiver) == 8 * 3600
+    assert first_frame_offset(SimpleNamespace()) == 0
