@@ -19,7 +19,15 @@ from typing import Any
 
 import torch
 
-from lipcast.pipeline.avatar import Avatar, AvatarError, discover_avatars, load_avatar
+from lipcast.pipeline.avatar import (
+    BUILTIN_AVATAR_DIR,
+    DEFAULT_AVATAR,
+    Avatar,
+    AvatarError,
+    discover_avatars,
+    load_avatar,
+)
+from lipcast.pipeline.avatar_scene import scene_avatar
 from lipcast.pipeline.backend import LipSyncBackend
 from lipcast.pipeline.defaults import (
     BACKENDS,
@@ -58,9 +66,11 @@ class RenderSide:
     render_budget_ms: float  # as resolved (measured on CUDA unless given)
 
 
-def load_avatars(avatar_dirs: tuple[Path, ...], default_avatar: str) -> dict[str, Avatar]:
-    """Every avatar found in ``avatar_dirs`` (one that fails to load is logged and skipped); the default must
-    be among them."""
+def load_avatars(
+    avatar_dirs: tuple[Path, ...], default_avatar: str, hd_sizes: tuple[tuple[int, int], ...] = ()
+) -> dict[str, Avatar]:
+    """Every avatar found in ``avatar_dirs`` (one that fails to load is logged and skipped), and the built-in
+    one at each of ``hd_sizes`` (:mod:`lipcast.pipeline.avatar_scene`); the default must be among them."""
     found = discover_avatars(avatar_dirs)
     avatars: dict[str, Avatar] = {}
     for name, root in found.items():
@@ -68,6 +78,11 @@ def load_avatars(avatar_dirs: tuple[Path, ...], default_avatar: str) -> dict[str
             avatars[name] = load_avatar(root)
         except AvatarError as e:
             logger.error("skipping avatar %s: %s", root, e)
+    builtin = avatars.get(DEFAULT_AVATAR)
+    if builtin is not None and builtin.root is not None and builtin.root.parent == BUILTIN_AVATAR_DIR:
+        for width, height in hd_sizes:
+            scene = scene_avatar(builtin, width, height)
+            avatars.setdefault(scene.name, scene)  # a user's avatar of that name wins
     if default_avatar not in avatars:
         raise AvatarError(f"default avatar {default_avatar!r} not found in {[str(d) for d in avatar_dirs]}")
     return avatars
@@ -95,7 +110,7 @@ def assemble(config: RenderConfig, clock: Callable[[], float] | None = None) -> 
     budget_ms = config.render_budget_ms or default_render_budget_ms(config.backend, device)
     configure_threads(config.backend, device, config.torch_threads)
     compile_cache_dir = _compile_cache_dir(config, device, batch_sizes)
-    avatars = load_avatars(config.avatar_dirs, config.default_avatar)
+    avatars = load_avatars(config.avatar_dirs, config.default_avatar, config.builtin_hd_sizes)
     restorer = load_face_restorer(config)
     engines = [_device_engine(config, d, batch_sizes, compile_cache_dir, clock, restorer) for d in devices]
     engine: RenderEngine | EngineGroup = engines[0] if len(engines) == 1 else EngineGroup(engines)

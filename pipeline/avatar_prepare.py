@@ -67,7 +67,10 @@ UInt8Array = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float32]
 Progress = Callable[[int, int | None], None]  # (frames done, frames expected or None)
 
-DEFAULT_MAX_SIDE_PX = 640  # avatar frames: every session encodes them at 25 fps
+# Avatar frames keep the source's resolution up to 1920 a side (1920x1080): sessions pay per output size, not
+# per avatar pixel (streaming/planes.py). Memory does grow with it: frames x width x height x 3 bytes (a 10 s
+# 1080p video avatar: 1.5 GB), so a deployment short of memory sets a lower cap.
+DEFAULT_MAX_SIDE_PX = 1920
 DEFAULT_MAX_DURATION_S = 60.0
 FACE_CHECK_FRAMES = FPS  # a face must show within the first second
 MIN_FACE_SHARE = 0.5  # ... and in at least this share of all frames

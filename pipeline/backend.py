@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
+import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -47,12 +48,29 @@ class RenderedPatch:
     """A rendered region of one output frame, RGB uint8 ``(height, width, 3)``, placed at (top, left).
 
     The caller pastes it into a copy of the avatar frame; only the region that changed travels back from the
-    device.
+    device. ``box``: (height, width) of the frame region it covers when that differs from the pixels' (a
+    backend that renders at its own resolution: the paste scales it, once, into the output picture).
     """
 
     pixels: UInt8Array
     top: int
     left: int
+    box: tuple[int, int] | None = None
+
+    @property
+    def height(self) -> int:
+        return self.box[0] if self.box is not None else int(self.pixels.shape[0])
+
+    @property
+    def width(self) -> int:
+        return self.box[1] if self.box is not None else int(self.pixels.shape[1])
+
+    def at_box_size(self) -> UInt8Array:
+        """The pixels at the size of the region they cover (bilinear; as they are when no ``box``)."""
+        if self.box is None or self.box == self.pixels.shape[:2]:
+            return self.pixels
+        size = (self.box[1], self.box[0])
+        return cast(UInt8Array, cv2.resize(self.pixels, size, interpolation=cv2.INTER_LINEAR))
 
 
 @runtime_checkable

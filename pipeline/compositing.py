@@ -65,11 +65,12 @@ def paste_patch(base: npt.NDArray[np.uint8], patch: RenderedPatch, mix: float = 
     """On the host: a copy of ``base`` (H, W, 3) with ``patch`` written at its place, over it with weight
     ``mix`` (1: replace; below 1: a crossfade toward ``base``)."""
     frame = base.copy()
-    h, w = patch.pixels.shape[:2]
+    pixels = patch.at_box_size()
+    h, w = pixels.shape[:2]
     region = frame[patch.top : patch.top + h, patch.left : patch.left + w]
     if mix >= 1.0:
-        region[:] = patch.pixels
+        region[:] = pixels
     elif mix > 0.0:
-        blended = region + (patch.pixels.astype(np.float32) - region) * np.float32(mix)
+        blended = region + (pixels.astype(np.float32) - region) * np.float32(mix)
         region[:] = (blended + 0.5).astype(np.uint8)
     return frame

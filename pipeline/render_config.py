@@ -33,3 +33,4 @@ class RenderConfig:
     face_enhance_weights: Path | None = None  # the sharpen stage's restorer (pipeline/enhance), Wav2Lip only
     avatar_dirs: tuple[Path, ...] = ()  # searched in order: the first avatar of a name wins
     default_avatar: str = ""
+    builtin_hd_sizes: tuple[tuple[int, int], ...] = ()  # the built-in avatar also at these (width, height)

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seed of the generated pattern and of the network impairment"
     )
     p.add_argument("--avatar", help="avatar name")
+    p.add_argument("--size", help="the video size each call asks for, WIDTHxHEIGHT (default: the avatar's)")
+    p.add_argument("--codec", choices=("vp8", "h264"), help="the only video codec each call offers")
     p.add_argument("--sessions", type=int, default=1, help="concurrent sessions (load mode when > 1)")
     p.add_argument("--ramp-s", type=float, default=0.0, help="start the sessions spread over this time")
     p.add_argument(
@@ -111,7 +113,11 @@ def call_options(args: argparse.Namespace) -> CallOptions:
     if args.lose_keyframe_at_s is not None and args.video_release != "marker":
         raise ImpairmentError("--lose-keyframe-at-s needs --video-release marker")
     return CallOptions(
-        video_release=args.video_release, network=network, lose_keyframe_at_s=args.lose_keyframe_at_s
+        video_release=args.video_release,
+        network=network,
+        lose_keyframe_at_s=args.lose_keyframe_at_s,
+        size=args.size,
+        codec=args.codec,
     )
 
 

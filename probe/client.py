@@ -17,6 +17,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from lipcast.probe.impair import ImpairedTransport, Network, impair_peer_connection
 from lipcast.probe.keyframe_loss import KeyframeLosingJitterBuffer
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
+from lipcast.streaming.codecs import codec_preferences
 from lipcast.streaming.inbound import PlayoutTap
 from lipcast.streaming.opus import OpusDecoder
 from lipcast.streaming.playout import PacketPlayout, Released
@@ -28,6 +29,7 @@ from lipcast.streaming.rtc import (
     use_fast_audio_level,
     use_opus_fec,
 )
+from lipcast.streaming.sizes import OutputSize, placement
 from lipcast.streaming.wire import META_CHANNEL_LABEL, MetaMessage, parse_meta
 
 
@@ -90,6 +92,8 @@ class CallOptions:
     network: Network | None = None  # impair this call's RTP in the probe's own transport
     # Ask for a keyframe this many seconds into the call and lose it (probe.keyframe_loss); needs "marker".
     lose_keyframe_at_s: float | None = None
+    size: str | None = None  # the video size asked for, WIDTHxHEIGHT (None: the avatar's own)
+    codec: str | None = None  # the only video codec offered: vp8 or h264 (None: aiortc's list, VP8 first)
 
 
 DEFAULT_OPTIONS = CallOptions()
@@ -109,6 +113,23 @@ class CallRecording:
     @property
     def sent(self) -> npt.NDArray[np.int16]:
         return self.source.audio
+
+
+def output_region(answer: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The avatar's mouth box in the video's pixels: where the avatar lies in a video of another size."""
+    avatar = answer["avatar"]
+    x1, y1, x2, y2 = avatar["mouth_box"]
+    size = answer.get("size")
+    if not size:
+        return (x1, y1, x2, y2)
+    place = placement(int(avatar["width"]), int(avatar["height"]), OutputSize.parse(size))
+    s = place.scale
+    return (
+        place.left + int(x1 * s),
+        place.top + int(y1 * s),
+        place.left + int(round(x2 * s)),
+        place.top + int(round(y2 * s)),
+    )
 
 
 async def call(
@@ -136,7 +157,9 @@ async def call(
     region: list[tuple[int, int, int, int] | None] = [None]
     try:
         encode_audio_on_loop(pc.addTrack(source))  # as the server's senders: no thread hop per 20 ms packet
-        pc.addTransceiver("video", direction="recvonly")
+        video_transceiver = pc.addTransceiver("video", direction="recvonly")
+        if options.codec is not None:
+            video_transceiver.setCodecPreferences(codec_preferences(options.codec))
         for transceiver in pc.getTransceivers():  # measure the server, not aiortc's 80 ms audio prefetch
             if transceiver.kind == "audio" and receive_audio_packets(transceiver.receiver, received_audio):
                 continue
@@ -173,12 +196,13 @@ async def call(
         body = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type}
         if avatar:
             body["avatar"] = avatar
+        if options.size:
+            body["size"] = options.size
         async with http.post(f"{base_url}/offer", json=body) as response:
             answer = await response.json(content_type=None)
             if response.status != 200:
                 raise ProbeError(f"offer refused: {response.status} {answer.get('error', answer)}")
-        box = answer["avatar"]["mouth_box"]
-        region[0] = (box[0], box[1], box[2], box[3])
+        region[0] = output_region(answer)
         recording = CallRecording(answer["session_id"], answer["avatar"], source, video, received_audio, meta)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         if options.network is not None:

@@ -22,6 +22,7 @@ from yarl import URL
 
 from lipcast.pipeline.timing import VIDEO_PTS_PER_FRAME
 from lipcast.probe.media import PatternAudioTrack, ReceivedAudio, ReceivedVideo, record_audio, record_video
+from lipcast.streaming.codecs import codec_preferences
 from lipcast.streaming.wire import META_CHANNEL_LABEL, SDP_CONTENT_TYPE, MetaMessage, parse_meta
 
 
@@ -214,16 +215,22 @@ async def open_viewer(
     token: str | None = None,
     record: bool = True,
     avatar: str | None = None,
+    size: str | None = None,
+    codec: str | None = None,
 ) -> Peer:
-    """Watch ``session_id`` over WHEP (recvonly audio and video, plus the metadata channel)."""
+    """Watch ``session_id`` over WHEP (recvonly audio and video, plus the metadata channel); ``size``
+    (WIDTHxHEIGHT) and ``codec`` (vp8 or h264, the only one offered) as a viewer may ask for them."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     peer = Peer(pc, http, token=token, session_id=session_id)
     try:
         region = await mouth_box(http, base_url, avatar) if record else None
         _wire(peer, region, record)
         pc.addTransceiver("audio", direction="recvonly")
-        pc.addTransceiver("video", direction="recvonly")
-        answer_sdp = await _post_sdp(peer, f"{base_url}/whep/{session_id}")
+        video = pc.addTransceiver("video", direction="recvonly")
+        if codec is not None:
+            video.setCodecPreferences(codec_preferences(codec))
+        query = f"?size={size}" if size else ""
+        answer_sdp = await _post_sdp(peer, f"{base_url}/whep/{session_id}{query}")
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
     except BaseException:
         await peer.close(delete=peer.resource_url is not None)

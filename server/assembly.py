@@ -41,6 +41,8 @@ def build_linked_runtime(
     """A media worker's runtime when the front's engine renders: ``renderer`` is the worker's end of the link,
     ``backend`` the front's backend as the worker sees it (featurizers, no model)."""
     config = settings.render_config()
-    registry = avatar_registry(renderer, load_avatars(config.avatar_dirs, config.default_avatar))
+    registry = avatar_registry(
+        renderer, load_avatars(config.avatar_dirs, config.default_avatar, config.builtin_hd_sizes)
+    )
     sessions = SessionManager(settings, backend, renderer, registry, clock)
     return Runtime(settings, backend, renderer, registry, sessions, dict(device))

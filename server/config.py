@@ -31,8 +31,16 @@ from lipcast.pipeline.enhance.options import (
 )
 from lipcast.pipeline.render_config import RenderConfig
 from lipcast.pipeline.timing import FPS
-from lipcast.streaming.encoders import AIORTC_CPU_USED, DEFAULT_NOISE_SENSITIVITY, Vp8Settings
+from lipcast.streaming.encoders import (
+    AIORTC_CPU_USED,
+    DEFAULT_H264_PRESET,
+    DEFAULT_NOISE_SENSITIVITY,
+    VIDEO_CODECS,
+    H264Settings,
+    Vp8Settings,
+)
 from lipcast.streaming.loop_stalls import DEFAULT_BEAT_MS as LOOP_BEAT_MS
+from lipcast.streaming.sizes import DEFAULT_MAX_OUTPUT_SIZE, OutputSize, SizeError
 
 # The call and viewer pages ship inside the package (the wheel too), found through it wherever it is.
 STATIC_DIR = Path(str(resources.files("lipcast") / "static"))
@@ -115,6 +123,15 @@ class Settings:
     # is faster) and its temporal denoiser (0 off, aiortc's 4 is for cameras); see streaming/encoders.py
     vp8_cpu_used: int = AIORTC_CPU_USED
     vp8_noise_sensitivity: int = DEFAULT_NOISE_SENSITIVITY
+    # Video size and codec per session (streaming/sizes.py, streaming/encoders.py): the largest output size a
+    # call or viewer may ask for; the video codecs, in the server's order of preference, among those an offer
+    # lists (vp8, h264); x264's preset for H.264 (constrained baseline, zerolatency, one thread a call)
+    max_output_size: str = DEFAULT_MAX_OUTPUT_SIZE
+    video_codecs: str = ",".join(VIDEO_CODECS)
+    h264_preset: str = DEFAULT_H264_PRESET
+    # The built-in avatar at these sizes too (comma-separated WIDTHxHEIGHT; made at start, a second or two
+    # each): "astronaut-720p" for 1280x720. ``lipcast serve`` defaults to 1280x720.
+    builtin_hd_sizes: str = ""
     virtualcam: bool = False
     virtualcam_device: str | None = None  # None: the first v4l2loopback device
     static_dir: Path = STATIC_DIR
@@ -125,7 +142,7 @@ class Settings:
     max_upload_mb: float = 50.0
     max_upload_duration_s: float = 30.0
     max_upload_side_px: int = 1920
-    avatar_max_side_px: int = 640  # frames of prepared avatars are scaled to at most this a side
+    avatar_max_side_px: int = 1920  # frames of prepared avatars are scaled to at most this a side
     # Media workers (server/front, server/worker): 1 runs everything in one process, as before; N > 1 runs a
     # front process and N worker processes. ``lipcast serve`` defaults to cores - 1 (default_media_workers).
     media_workers: int = 1
@@ -200,10 +217,11 @@ class Settings:
             problems.append("max_viewers must be >= 0")
         if not 100 <= self.viewer_bitrate_kbps <= 20_000:
             problems.append("viewer_bitrate_kbps must be 100..20000")
-        try:
-            self.vp8()
-        except ValueError as e:
-            problems.append(str(e))
+        for check in (self.vp8, self.h264, self.output_cap, self.codec_preference, self.hd_sizes):
+            try:
+                check()
+            except ValueError as e:
+                problems.append(str(e))
         if self.auth_token is not None and not self.auth_token.strip():
             problems.append("auth_token must not be blank")
         if problems:
@@ -215,6 +233,31 @@ class Settings:
 
     def vp8(self) -> Vp8Settings:
         return Vp8Settings(self.vp8_cpu_used, self.vp8_noise_sensitivity)
+
+    def h264(self) -> H264Settings:
+        return H264Settings(self.h264_preset)
+
+    def output_cap(self) -> OutputSize:
+        try:
+            return OutputSize.parse(self.max_output_size, "max_output_size")
+        except SizeError as e:
+            raise ValueError(str(e)) from None
+
+    def codec_preference(self) -> tuple[str, ...]:
+        names = tuple(c.strip().lower() for c in self.video_codecs.split(",") if c.strip())
+        unknown = [c for c in names if c not in VIDEO_CODECS]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"video_codecs must list some of {', '.join(VIDEO_CODECS)} once each")
+        return names
+
+    def hd_sizes(self) -> tuple[OutputSize, ...]:
+        try:
+            sizes = tuple(
+                OutputSize.parse(t, "builtin_hd_sizes") for t in self.builtin_hd_sizes.split(",") if t.strip()
+            )
+        except SizeError as e:
+            raise ValueError(str(e)) from None
+        return sizes
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -251,4 +294,5 @@ class Settings:
             compile_cache_dir=self.compile_cache_dir,
             avatar_dirs=self.avatar_search_path(),
             default_avatar=self.avatar,
+            builtin_hd_sizes=tuple((s.width, s.height) for s in self.hd_sizes()),
         )

@@ -27,6 +27,7 @@ COMMAND = ".venv/bin/python -m lipcast.server.config_doc > docs/configuration.md
 # empty value means "decided at start".
 COMPUTED_DEFAULTS: dict[str, str] = {
     "media_workers": "cores - 1, at least 1 (1 with `--virtualcam`)",
+    "builtin_hd_sizes": "`1280x720` (`lipcast serve`; none in a `Settings()` made in code)",
     "avatar_dirs": "none (the built-in avatars are always offered)",
     "jitter_buffer_ms": "`adaptive`",
     "render_budget_ms": "auto (see meaning)",

@@ -17,8 +17,10 @@ from typing import Any
 from lipcast.pipeline.defaults import BACKENDS, COMPILE_MODES, CPU_WAV2LIP_RENDER_BUDGET_MS, RENDER_BUDGET_MS
 from lipcast.pipeline.enhance.options import FACE_ENHANCE_MODES
 from lipcast.server.config import RENDER_PLACES, IceServer, Settings, default_media_workers
+from lipcast.streaming.encoders import H264_PRESETS
 
 ENV_PREFIX = "LIPCAST_"
+SERVE_BUILTIN_HD_SIZES = "1280x720"  # lipcast serve's default (Settings' is none: tests start faster)
 
 
 def _jitter_buffer_ms(raw: str) -> float | None:
@@ -264,6 +266,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(
         p,
+        "--max-output-size",
+        "the largest video size a call or viewer may ask for (WIDTHxHEIGHT, either orientation; at most "
+        "1920x1080)",
+    )
+    _option(
+        p,
+        "--video-codecs",
+        "video codecs in the server's order of preference, among those an offer lists (vp8, h264)",
+    )
+    _option(p, "--h264-preset", "x264 preset of the H.264 encoders", choices=H264_PRESETS)
+    _option(
+        p,
+        "--builtin-hd-sizes",
+        "the built-in avatar also at these sizes, comma-separated WIDTHxHEIGHT (1280x720 is "
+        "astronaut-720p; a second or two of start-up each; empty: none)",
+    )
+    _option(
+        p,
         "--media-workers",
         "media worker processes (default: cores - 1, 1 with --virtualcam; 1 runs everything in one process)",
     )
@@ -322,6 +342,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     if "upload_dir" not in values and extra_dirs:
         values["upload_dir"] = extra_dirs[0]
 
+    if "builtin_hd_sizes" not in values:
+        values["builtin_hd_sizes"] = SERVE_BUILTIN_HD_SIZES
     if "media_workers" not in values:
         values["media_workers"] = 1 if values.get("virtualcam") else default_media_workers()
 

@@ -8,8 +8,11 @@ client. The HTTP shapes around the SDP (a JSON field, an ``application/sdp`` bod
 
 from __future__ import annotations
 
+from typing import Any
+
 from lipcast.server.errors import BadRequestError
-from lipcast.streaming.offers import OfferError, OfferSummary, summarize_offer
+from lipcast.streaming.offers import OfferError, OfferSummary, choose_video_codec, summarize_offer
+from lipcast.streaming.sizes import OutputSize, SizeError, requested_size
 
 MAX_SDP_BYTES = 64 * 1024
 
@@ -51,3 +54,26 @@ def check_viewer_offer(summary: OfferSummary) -> None:
             raise BadRequestError(
                 f"the offer's {m.kind} section must be recvonly (or sendrecv), not {m.direction}"
             )
+
+
+def check_video_codec(summary: OfferSummary, preference: tuple[str, ...]) -> str | None:
+    """The video codec for an offer that receives video: the first of the server's ``preference`` it
+    lists; 400 naming both lists when it lists none of them. None for an offer without video."""
+    if not summary.of_kind("video"):
+        return None
+    chosen = choose_video_codec(summary, preference)
+    if chosen is None:
+        offered = ", ".join(c.split("/", 1)[-1] for c in summary.codecs("video")) or "none"
+        raise BadRequestError(
+            f"the offer's video codecs ({offered}) include none of this server's ({', '.join(preference)})"
+        )
+    return chosen
+
+
+def requested_output_size(fields: dict[str, Any], cap: OutputSize, prefix: str = "") -> OutputSize | None:
+    """A request's ``size`` (or ``width`` and ``height``), or None; 400 naming the field if it is malformed
+    or above ``cap`` (the server's ``max_output_size``)."""
+    try:
+        return requested_size(fields, cap, prefix=prefix)
+    except SizeError as e:
+        raise BadRequestError(str(e)) from None

@@ -31,6 +31,7 @@ from lipcast.streaming.rtc import (
     observe_encoding,
     use_congestion_control,
     use_fast_audio_level,
+    use_h264_settings,
     use_opus_fec,
     use_vp8_settings,
 )
@@ -99,6 +100,7 @@ def create_process_app(
     use_congestion_control()  # loss-based video bitrate, a retransmission budget
     use_interop()  # DTLS and ICE as OBS, GStreamer and browsers expect (lipcast.streaming.interop)
     use_vp8_settings(settings.vp8())  # the callers' VP8 encoders: lipcast's settings, yuv420p taken as is
+    use_h264_settings(settings.h264())  # and H.264: constrained baseline, the level for the size, realtime
     if runtime_builder is not None:
         app[RUNTIME_BUILDER] = runtime_builder
     app[METRICS] = Metrics()

@@ -18,6 +18,7 @@ from lipcast.server.capacity import STARTING_RETRY_AFTER_S
 from lipcast.server.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from lipcast.server.json_body import read_json_object
 from lipcast.server.metrics import CONTENT_TYPE
+from lipcast.server.offer_checks import requested_output_size
 from lipcast.server.state import METRICS, RUNTIME, SETTINGS, Runtime, runtime_of
 from lipcast.streaming.cpu_usage import cpu_snapshot
 from lipcast.streaming.wire import OfferAnswer, avatar_json
@@ -41,13 +42,17 @@ async def offer(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     body_in = await read_json_object(request)
     description, avatar_name = parse_offer(body_in)
+    size = requested_output_size(body_in, runtime.settings.output_cap())
     enhance = runtime.sessions.enhance_choice(body_in.get(MODE_FIELD), body_in.get(STRENGTH_FIELD))
-    answer = await runtime.sessions.create(description, avatar_name, enhance=enhance)
+    answer = await runtime.sessions.create(description, avatar_name, enhance=enhance, size=size)
+    session = runtime.sessions.get(answer.session_id)
     body: OfferAnswer = {
         "sdp": answer.sdp,
         "type": answer.type,
         "session_id": answer.session_id,
         "avatar": avatar_json(answer.avatar),
+        "size": str(session.size),
+        "codec": session.codec,
     }
     return web.json_response(body)
 
@@ -70,6 +75,8 @@ async def session_stats(request: web.Request) -> web.Response:
             "session_id": session.id,
             "avatar": session.avatar.name,
             "signalling": session.signalling,
+            "size": str(session.size),
+            "codec": session.codec,
             "connection": session.pc.connectionState,
             "viewers": session.viewers.stats_json(),
             "stream": vars(stream.stats),
@@ -145,7 +152,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def client_config(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    return web.json_response({"ice_servers": [s.to_json() for s in settings.ice_servers]})
+    return web.json_response(
+        {
+            "ice_servers": [s.to_json() for s in settings.ice_servers],
+            "max_output_size": str(settings.output_cap()),
+            "video_codecs": list(settings.codec_preference()),
+        }
+    )
 
 
 async def list_avatars(request: web.Request) -> web.Response:

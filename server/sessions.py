@@ -31,16 +31,23 @@ from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from lipcast.server.capacity import RETRY_AFTER_S, CapacityGate
 from lipcast.server.config import Settings
 from lipcast.server.errors import BadRequestError, CapacityError, ConflictError, NotFoundError
-from lipcast.server.offer_checks import check_call_offer, check_whip_offer, validate_offer
+from lipcast.server.offer_checks import (
+    check_call_offer,
+    check_video_codec,
+    check_whip_offer,
+    validate_offer,
+)
 from lipcast.server.peer import PeerEndpoint
 from lipcast.server.viewers import SessionViewers
 from lipcast.streaming.audio_buffer import InputAudioBuffer, make_input_buffer
 from lipcast.streaming.avatar_stream import AvatarStream, Renderer
 from lipcast.streaming.clock import Clock, MonotonicClock
+from lipcast.streaming.codecs import send_only_codec
 from lipcast.streaming.inbound import AudioIngest
 from lipcast.streaming.interop import answer_dtls_as_server
 from lipcast.streaming.offers import OfferSummary
 from lipcast.streaming.rtc import discard_received_media, encode_audio_on_loop, tune_receiver_latency
+from lipcast.streaming.sizes import OutputSize, fitted
 from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from lipcast.streaming.vad import SpeechDetector
 from lipcast.streaming.wire import FrameMeta
@@ -81,16 +88,22 @@ class Session(PeerEndpoint):
         detector: SpeechDetector,
         manager: SessionManager,
         signalling: str = "offer",
+        size: OutputSize | None = None,
     ) -> None:
+        """``size``: the video's output size (None: the avatar's own, fitted into the server's cap)."""
         super().__init__(pc, session_id)
         self.id = session_id
         self.signalling = signalling
+        cap = manager.settings.output_cap()
+        self.size = size or fitted(avatar.width, avatar.height, cap)
+        self.codec: str | None = None  # the video codec sent, once negotiated
+        stream.frames.idle.prefetch(avatar, self.size)  # the idle frames at this size, off the event loop
         self.avatar = avatar
         self.stream = stream
         self.buffer = buffer
         self.detector = detector
         self.manager = manager
-        self.video = AvatarVideoTrack(stream, on_frame=self._frame_sent)
+        self.video = AvatarVideoTrack(stream, on_frame=self._frame_sent, size=self.size)
         self.audio = AvatarAudioTrack(stream)
         self.viewers = SessionViewers(
             session_id,
@@ -100,6 +113,9 @@ class Session(PeerEndpoint):
             video_bitrate_bps=manager.settings.viewer_bitrate_kbps * 1000,
             connect_timeout_s=manager.settings.connect_timeout_s,
             vp8=manager.settings.vp8(),
+            h264=manager.settings.h264(),
+            codecs=manager.settings.codec_preference(),
+            default_size=self.size,
         )
         self.ingest: AudioIngest | None = None
         stream.on_failure = self._stage_failed
@@ -328,12 +344,14 @@ class SessionManager:
         *,
         signalling: str = "offer",
         enhance: EnhanceChoice | None = None,
+        size: OutputSize | None = None,
     ) -> Answer:
         """Answer an offer with a new session, or raise an :class:`ApiError` leaving nothing behind.
 
         ``signalling="offer"`` (the call page) needs the client to send audio and receive video; ``"whip"``
         needs only audio from the client and sends back only what its offer asks to receive.
-        ``enhance``: from :meth:`enhance_choice` (None: the server's default).
+        ``enhance``: from :meth:`enhance_choice` (None: the server's default). ``size``: the video's output
+        size, already checked against the cap (None: the avatar's own, fitted into it).
         """
         if signalling not in SIGNALLING:
             raise ValueError(f"signalling must be one of {SIGNALLING}")
@@ -341,11 +359,17 @@ class SessionManager:
         avatar = self.admit(avatar_name)
         summary = validate_offer(offer.sdp)  # after the 503s: a draining or full server takes no offer
         (check_whip_offer if signalling == "whip" else check_call_offer)(summary)
+        codec = (
+            check_video_codec(summary, self.settings.codec_preference())
+            if summary.receives("video")
+            else None
+        )
         with self.gate.hold():  # the slot is held across the awaits below
             session: Session | None = None
             pc = RTCPeerConnection(self.rtc_configuration())
             try:
-                session = self._new_session(pc, avatar, signalling, enhance.effective_strength)
+                session = self._new_session(pc, avatar, signalling, enhance.effective_strength, size)
+                session.codec = codec
                 await self._negotiate(session, offer, summary)
             except BaseException:
                 if session is not None:
@@ -357,7 +381,13 @@ class SessionManager:
         self.created_total += 1
         session.arm_timers(self.settings.connect_timeout_s, self.settings.max_session_s)
         local = pc.localDescription
-        session.log.info("created (avatar %s, face_enhance %s)", avatar.name, enhance.mode)
+        session.log.info(
+            "created (avatar %s, %s %s, face_enhance %s)",
+            avatar.name,
+            session.size,
+            session.codec or "no video",
+            enhance.mode,
+        )
         return Answer(session.id, local.sdp, local.type, avatar)
 
     def new_stream(
@@ -379,7 +409,12 @@ class SessionManager:
         )
 
     def _new_session(
-        self, pc: RTCPeerConnection, avatar: Avatar, signalling: str, enhance_strength: float = 0.0
+        self,
+        pc: RTCPeerConnection,
+        avatar: Avatar,
+        signalling: str,
+        enhance_strength: float = 0.0,
+        size: OutputSize | None = None,
     ) -> Session:
         settings = self.settings
         session_id = secrets.token_urlsafe(9)
@@ -392,7 +427,7 @@ class SessionManager:
         )
         detector = SpeechDetector(MEDIA_SAMPLE_RATE_HZ, settings.vad_aggressiveness)
         stream = self.new_stream(session_id, avatar, buffer, enhance_strength)
-        return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling)
+        return Session(session_id, pc, avatar, stream, buffer, detector, self, signalling, size)
 
     async def _negotiate(self, session: Session, offer: RTCSessionDescription, summary: OfferSummary) -> None:
         pc = session.pc
@@ -413,6 +448,10 @@ class SessionManager:
             tune_receiver_latency(receiver)
         for track in outgoing:
             encode_audio_on_loop(pc.addTrack(track))
+        if session.codec is not None:
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind == "video":
+                    send_only_codec(transceiver, session.codec)
         if session.signalling == "whip":
             # WHIP clients such as OBS also send video; only the voice is used. Their video is taken
             # (recvonly, as WHIP servers answer a sendonly section) and dropped on arrival, never decoded

@@ -1,7 +1,9 @@
 """WHEP viewers: receive-only peer connections that watch a live session's avatar and voice.
 
-A session owns one :class:`SessionViewers`. Its viewers share one :class:`EncodedFanout` (one VP8 and one
-Opus encode per tick for all of them), started with the first viewer and stopped after the last. A
+A session owns one :class:`SessionViewers`. Its viewers share one :class:`EncodedFanout` per (output size,
+video codec) (one video and one Opus encode per tick for all viewers of that pair), started with its first
+viewer and stopped after its last. A viewer's size is its query's (``?size=1280x720``) or the session's; its
+codec the first of the server's preference that its offer lists. A
 :class:`Viewer` owns its peer connection and its subscription; ``close()`` releases both and is idempotent.
 It runs on DELETE, when the connection fails or closes, when it never comes up, and when the session ends.
 """
@@ -20,19 +22,22 @@ from aiortc.rtcconfiguration import RTCConfiguration
 
 from lipcast.server.capacity import CapacityGate
 from lipcast.server.errors import BadRequestError, NotFoundError
-from lipcast.server.offer_checks import check_viewer_offer, validate_offer
+from lipcast.server.offer_checks import check_video_codec, check_viewer_offer, validate_offer
 from lipcast.server.peer import PeerEndpoint
 from lipcast.streaming.avatar_stream import AvatarStream
-from lipcast.streaming.encoders import Vp8Settings
-from lipcast.streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests
+from lipcast.streaming.codecs import codec_preferences
+from lipcast.streaming.encoders import VIDEO_CODECS, H264Settings, Vp8Settings
+from lipcast.streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests, scaled_bitrate_bps
 from lipcast.streaming.interop import answer_dtls_as_server
 from lipcast.streaming.offers import OfferSummary
+from lipcast.streaming.sizes import OutputSize
 from lipcast.streaming.wire import FrameMeta
 
 logger = logging.getLogger(__name__)
 
-# The shared encoders make VP8 and Opus; a viewer must accept them (RTX for VP8 retransmissions).
-VIEWER_CODECS = {"video": ("video/vp8", "video/rtx"), "audio": ("audio/opus",)}
+# The shared encoders make VP8 or H.264 (streaming/codecs.py) and Opus; a viewer must accept one of them.
+AUDIO_CODECS = ("audio/opus",)
+FanoutKey = tuple[OutputSize, str]
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Viewer(PeerEndpoint):
         self.id = viewer_id
         self.group = group
         self.subscription: Subscription | None = None
+        self.key: FanoutKey | None = None  # the shared encoder it watches
 
     def send_meta(self, meta: FrameMeta | None) -> None:
         """The metadata of each video frame this viewer is sent (None: a frame without metadata)."""
@@ -70,6 +76,9 @@ class SessionViewers:
         video_bitrate_bps: int,
         connect_timeout_s: float,
         vp8: Vp8Settings | None = None,
+        h264: H264Settings | None = None,
+        codecs: tuple[str, ...] = VIDEO_CODECS,
+        default_size: OutputSize | None = None,
     ) -> None:
         self.session_id = session_id
         self.stream = stream
@@ -77,9 +86,12 @@ class SessionViewers:
         self.max_viewers = max_viewers
         self.video_bitrate_bps = video_bitrate_bps
         self.vp8 = vp8
+        self.h264 = h264
+        self.codecs = codecs
+        self.default_size = default_size or OutputSize(stream.avatar.width, stream.avatar.height)
         self.connect_timeout_s = connect_timeout_s
         self.viewers: dict[str, Viewer] = {}
-        self.fanout: EncodedFanout | None = None
+        self.fanouts: dict[FanoutKey, EncodedFanout] = {}
         self.total = 0  # viewers ever admitted
         self.gate = CapacityGate(
             max_viewers,
@@ -100,20 +112,35 @@ class SessionViewers:
     def stats_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"count": len(self.viewers), "total": self.total}
         if self.fanout is not None:
-            out["encoder"] = vars(self.fanout.stats)
+            out["encoder"] = vars(self.fanout.stats)  # the session's size in the first codec, or any
+        if self.fanouts:
+            out["encoders"] = [
+                {"size": str(size), "codec": codec, "viewers": f.subscribers, **vars(f.stats)}
+                for (size, codec), f in self.fanouts.items()
+            ]
         return out
 
-    async def add(self, offer_sdp: str) -> ViewerAnswer:
-        """Answer a WHEP offer with a new viewer, or raise an :class:`ApiError` leaving nothing behind."""
+    @property
+    def fanout(self) -> EncodedFanout | None:
+        """The shared encoder at the session's size in its first codec (where most viewers are), else any."""
+        return self.fanouts.get((self.default_size, self.codecs[0])) or next(
+            iter(self.fanouts.values()), None
+        )
+
+    async def add(self, offer_sdp: str, size: OutputSize | None = None) -> ViewerAnswer:
+        """Answer a WHEP offer with a new viewer, or raise an :class:`ApiError` leaving nothing behind.
+        ``size``: the viewer's video size, checked against the cap already (None: the session's)."""
         if self._closed:
             raise NotFoundError(f"session {self.session_id!r} has ended")
         summary = validate_offer(offer_sdp)
         check_viewer_offer(summary)
+        codec = check_video_codec(summary, self.codecs) or self.codecs[0]
+        key = (size or self.default_size, codec)
         with self.gate.hold():  # the slot is held across the negotiation
             pc = RTCPeerConnection(self.rtc_configuration())
             viewer = Viewer(secrets.token_urlsafe(9), pc, self)
             try:
-                await self._negotiate(viewer, summary, offer_sdp)
+                await self._negotiate(viewer, summary, offer_sdp, key)
             except BaseException:
                 await viewer.close("negotiation failed")
                 raise
@@ -123,22 +150,36 @@ class SessionViewers:
         viewer.log.info("viewer created (%d watching)", len(self.viewers))
         return ViewerAnswer(viewer.id, pc.localDescription.sdp)
 
-    async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str) -> None:
+    async def _negotiate(self, viewer: Viewer, summary: OfferSummary, offer_sdp: str, key: FanoutKey) -> None:
         pc = viewer.pc
-        if self.fanout is None:
-            self.fanout = EncodedFanout(self.stream, video_bitrate_bps=self.video_bitrate_bps, vp8=self.vp8)
-            self.fanout.on_failure = self._fanout_failed
-        fanout = self.fanout
+        fanout = self.fanouts.get(key)
+        if fanout is None:
+            size, codec = key
+            fanout = self.fanouts[key] = EncodedFanout(
+                self.stream,
+                video_bitrate_bps=scaled_bitrate_bps(self.video_bitrate_bps, size),
+                vp8=self.vp8,
+                h264=self.h264,
+                size=size,
+                codec=codec,
+            )
+            fanout.on_failure = self._fanout_failed
+            self.stream.frames.idle.prefetch(self.stream.avatar, size)
         subscription = fanout.subscribe(viewer.send_meta)
         viewer.subscription = subscription
+        viewer.key = key
         # Transceivers made before the offer is applied take its sections (one per kind), so their codec
         # preferences decide the answer: only what the shared encoders produce.
         for kind, track in (("audio", subscription.audio), ("video", subscription.video)):
             if not summary.of_kind(kind):
                 continue
             transceiver = pc.addTransceiver(track, direction="sendonly")
-            wanted = VIEWER_CODECS[kind]
-            codecs = [c for c in RTCRtpSender.getCapabilities(kind).codecs if c.mimeType.lower() in wanted]
+            if kind == "video":
+                codecs = codec_preferences(key[1])
+            else:
+                codecs = [
+                    c for c in RTCRtpSender.getCapabilities(kind).codecs if c.mimeType.lower() in AUDIO_CODECS
+                ]
             transceiver.setCodecPreferences(codecs)
             route_keyframe_requests(transceiver.sender, fanout.request_keyframe)
         try:
@@ -146,7 +187,8 @@ class SessionViewers:
         except Exception as e:  # aiortc raises ValueError, OperationError, ... for what it cannot accept
             detail = str(e) or type(e).__name__
             raise BadRequestError(
-                f"cannot answer the offer ({detail}); a viewer must accept VP8 video and Opus audio"
+                f"cannot answer the offer ({detail}); "
+                f"a viewer must accept {key[1].upper()} video and Opus audio"
             ) from e
         answer_dtls_as_server(pc)
         await pc.setLocalDescription(await pc.createAnswer())
@@ -164,18 +206,19 @@ class SessionViewers:
         await self._release(viewer)
 
     async def _release(self, viewer: Viewer) -> None:
-        fanout = self.fanout
-        if fanout is not None and viewer.subscription is not None:
+        key = viewer.key
+        fanout = self.fanouts.get(key) if key is not None else None
+        if key is not None and fanout is not None and viewer.subscription is not None:
             fanout.unsubscribe(viewer.subscription)
             viewer.subscription = None
-            if fanout.subscribers == 0 and self.fanout is fanout:
+            if fanout.subscribers == 0 and self.fanouts.get(key) is fanout:
                 # Nobody watches: stop encoding. The next viewer starts a fresh encoder (with a keyframe).
-                self.fanout = None
+                del self.fanouts[key]
                 await fanout.stop()
 
     async def close(self, reason: str = "session closed") -> None:
         self._closed = True
         await asyncio.gather(*(v.close(reason) for v in list(self.viewers.values())))
-        if self.fanout is not None:
-            fanout, self.fanout = self.fanout, None
+        fanouts, self.fanouts = list(self.fanouts.values()), {}
+        for fanout in fanouts:
             await fanout.stop()

@@ -2,10 +2,10 @@
 
 | method and path                                | what                                                   |
 |------------------------------------------------|--------------------------------------------------------|
-| ``POST /whip[?avatar=NAME]``                   | SDP offer in; ``201``, ``Location``, ``ETag``, answer  |
+| ``POST /whip[?avatar=NAME][&size=WxH]``        | SDP offer in; ``201``, ``Location``, ``ETag``, answer  |
 | ``DELETE /whip/{session_id}``                  | end the session (``200``)                              |
 | ``PATCH /whip/{session_id}``                   | trickle ICE (RFC 9725 4.3.1) ``204``; ICE restart 422  |
-| ``POST /whep/{session_id}``                    | watch a session; ``201``, ``Location``, ``ETag``, answer |
+| ``POST /whep/{session_id}[?size=WxH]``         | watch a session; ``201``, ``Location``, ``ETag``, answer |
 | ``DELETE /whep/{session_id}/viewers/{viewer}`` | stop watching (``200``)                                |
 | ``PATCH /whep/{session_id}/viewers/{viewer}``  | trickle ICE as for WHIP                                |
 | ``OPTIONS`` on all of them                     | ``Allow`` (the resource's methods), CORS preflight     |
@@ -45,7 +45,7 @@ from lipcast.server.errors import (
     UnprocessableError,
     UnsupportedMediaTypeError,
 )
-from lipcast.server.offer_checks import MAX_SDP_BYTES
+from lipcast.server.offer_checks import MAX_SDP_BYTES, requested_output_size
 from lipcast.server.peer import PeerEndpoint
 from lipcast.server.sessions import Session
 from lipcast.server.state import SETTINGS, runtime_of
@@ -132,11 +132,16 @@ async def whip_create(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     offer = await read_sdp_offer(request)
     avatar = request.query.get("avatar") or None
+    size = requested_output_size(dict(request.query), runtime.settings.output_cap(), prefix="query ")
     enhance = runtime.sessions.enhance_choice(
         request.query.get(MODE_FIELD), request.query.get(STRENGTH_FIELD)
     )
     answer = await runtime.sessions.create(
-        RTCSessionDescription(sdp=offer, type="offer"), avatar, signalling="whip", enhance=enhance
+        RTCSessionDescription(sdp=offer, type="offer"),
+        avatar,
+        signalling="whip",
+        enhance=enhance,
+        size=size,
     )
     location = request.app.router["whip-session"].url_for(session_id=answer.session_id)
     return created(request, str(location), runtime.sessions.get(answer.session_id))
@@ -156,8 +161,9 @@ async def whep_create(request: web.Request) -> web.Response:
     require_bearer(request)
     runtime = runtime_of(request)
     session = runtime.sessions.get(request.match_info["session_id"])
+    size = requested_output_size(dict(request.query), runtime.settings.output_cap(), prefix="query ")
     offer = await read_sdp_offer(request)
-    answer = await session.viewers.add(offer)
+    answer = await session.viewers.add(offer, size)
     location = request.app.router["whep-viewer"].url_for(session_id=session.id, viewer_id=answer.viewer_id)
     return created(request, str(location), session.viewers.get(answer.viewer_id))
 

@@ -35,9 +35,10 @@ export async function getJson(path) {
 }
 
 /**
- * POST the (fully gathered) offer, with ``options`` such as {face_enhance, face_enhance_strength} in the
- * same JSON; resolves to the answer
- * {sdp, type, session_id, avatar: {name, width, height, mouth_box}}.
+ * POST the (fully gathered) offer, with ``options`` such as {face_enhance, face_enhance_strength, size} in
+ * the same JSON; resolves to the answer
+ * {sdp, type, session_id, avatar: {name, width, height, mouth_box}, size, codec}.
+ * `size`: "WIDTHxHEIGHT" for the video (absent: the avatar's own).
  * Server errors become a UserError carrying the server's {"error"} message.
  */
 export async function postOffer(desc, avatar, signal, options = {}) {

@@ -19,6 +19,7 @@ const MIC_CONSTRAINTS = {
 const $ = (id) => document.getElementById(id);
 const ui = {
   start: $('start'), stop: $('stop'), picker: $('avatar-select'), pickerField: $('avatar-field'),
+  size: $('size-select'), codec: $('codec-select'),
   video: $('avatar-video'), unmute: $('unmute'), conn: $('conn'), level: $('mic-level'),
   stats: $('stats'), error: $('error'),
   enhance: $('enhance-select'), strength: $('enhance-strength'),
@@ -80,6 +81,24 @@ function fillPicker(data) {
   showAvatar(currentAvatar());
 }
 
+// Video size and codec: ?size=1280x720 and ?codec=vp8|h264 set the pickers' first choice.
+const CODEC_MIME = { vp8: 'video/VP8', h264: 'video/H264' };
+function fillSizeAndCodec(config) {
+  const cap = /^(\d+)x(\d+)$/.exec(config?.max_output_size ?? '');
+  const [capLong, capShort] = cap ? [Math.max(+cap[1], +cap[2]), Math.min(+cap[1], +cap[2])] : [1920, 1080];
+  for (const size of ['640x360', '1280x720', '1920x1080']) {
+    const [w, h] = size.split('x').map(Number);
+    if (Math.max(w, h) <= capLong && Math.min(w, h) <= capShort) ui.size.add(new Option(size, size));
+  }
+  const wantedSize = params.get('size');
+  if (wantedSize && ![...ui.size.options].some((o) => o.value === wantedSize)) ui.size.add(new Option(wantedSize, wantedSize));
+  ui.size.value = wantedSize || '';
+  const wantedCodec = (params.get('codec') || '').toLowerCase();
+  ui.codec.value = wantedCodec in CODEC_MIME ? wantedCodec : '';
+}
+const chosenSize = () => ui.size.value || null;
+const chosenCodec = () => ui.codec.value || null;
+
 const currentAvatar = () => avatars.find((a) => a.name === ui.picker.value) ?? null;
 const chosenAvatarName = () => (avatars.length ? ui.picker.value : params.get('avatar')) || null;
 
@@ -95,6 +114,7 @@ const ready = Promise.all([getJson('config'), getJson('avatars')]).then(([config
     iceServers = config.ice_servers.filter((s) => s && s.urls);
   }
   fillPicker(list);
+  fillSizeAndCodec(config);
 });
 
 // ---- the call ----
@@ -155,7 +175,9 @@ async function connect(c) {
 
   pc.addTransceiver(c.mic.getAudioTracks()[0], { direction: 'sendrecv', streams: [c.mic] });
   const video = pc.addTransceiver('video', { direction: 'recvonly' });
-  preferCodec(video, 'video/VP8');
+  const codec = chosenCodec();
+  if (codec) preferCodec(video, CODEC_MIME[codec], true);
+  else preferCodec(video, 'video/VP8'); // first in the offer; the server's own preference decides
   for (const t of pc.getTransceivers()) lowLatency(t.receiver);
   c.remote = new MediaStream();
 
@@ -166,7 +188,9 @@ async function connect(c) {
   checkStopped();
 
   setConn('waiting for the server…', 'busy');
-  const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal, enhanceOptions());
+  const size = chosenSize();
+  const options = { ...enhanceOptions(), ...(size ? { size } : {}) };
+  const answer = await postOffer(pc.localDescription, chosenAvatarName(), c.abort.signal, options);
   c.sessionId = answer.session_id ?? null;
   showWatch(c.sessionId);
   if (c.done) { // stopped while the server was answering: end the session it just made

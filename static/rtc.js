@@ -18,13 +18,16 @@ export function iceGatheringDone(pc, timeoutMs) {
 }
 
 /** Put `mimeType` first and keep the others as fallbacks, so negotiation still succeeds. */
-export function preferCodec(transceiver, mimeType) {
+export function preferCodec(transceiver, mimeType, only = false) {
   const caps = globalThis.RTCRtpReceiver?.getCapabilities?.('video');
   if (!caps || typeof transceiver.setCodecPreferences !== 'function') return;
   const wanted = (c) => c.mimeType.toLowerCase() === mimeType.toLowerCase();
   if (!caps.codecs.some(wanted)) return;
+  // `only`: offer just this codec (and the retransmission/FEC helpers), so the server cannot pick another.
+  const helper = (c) => /\/(rtx|red|ulpfec|flexfec-03)$/i.test(c.mimeType);
+  const rest = caps.codecs.filter((c) => !wanted(c) && (!only || helper(c)));
   try {
-    transceiver.setCodecPreferences([...caps.codecs.filter(wanted), ...caps.codecs.filter((c) => !wanted(c))]);
+    transceiver.setCodecPreferences([...caps.codecs.filter(wanted), ...rest]);
   } catch (err) {
     console.warn('setCodecPreferences failed; keeping the browser default order', err);
   }

@@ -39,6 +39,7 @@ export function summarizeStats(report, prev = null) {
     framesDropped: finite(video?.framesDropped),
     frameWidth: finite(video?.frameWidth),
     frameHeight: finite(video?.frameHeight),
+    codec: (video?.codecId && report.get?.(video.codecId)?.mimeType) || null,
     fps: null,
     videoPacketsLost: finite(video?.packetsLost),
     // Cumulative jitter-buffer totals, kept so the next summary can take deltas.

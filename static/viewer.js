@@ -5,7 +5,8 @@
 //   ?bg=green          chroma-key green around the avatar (default); transparent | black | white | RRGGBB
 //   ?token=T           bearer token, when the server was started with --auth-token
 //   ?debug=1           show the connection state in a corner
-import { iceGatheringDone, lowLatency } from './rtc.js';
+//   ?size=1280x720     the video's size (default: the session's); ?codec=vp8|h264 (default: the server's)
+import { iceGatheringDone, lowLatency, preferCodec } from './rtc.js';
 
 const params = new URLSearchParams(location.search);
 const ICE_GATHER_TIMEOUT_MS = 3000;
@@ -32,11 +33,15 @@ export function backgroundColour(value) {
 
 function endpoint() {
   const whep = params.get('whep');
-  if (whep) return new URL(whep, location.href);
   const session = params.get('session');
-  if (!session) return null;
-  return new URL(`../whep/${encodeURIComponent(session)}`, import.meta.url);
+  let url = null;
+  if (whep) url = new URL(whep, location.href);
+  else if (session) url = new URL(`../whep/${encodeURIComponent(session)}`, import.meta.url);
+  if (url && params.get('size')) url.searchParams.set('size', params.get('size'));
+  return url;
 }
+
+const CODEC_MIME = { vp8: 'video/VP8', h264: 'video/H264' };
 
 function authHeaders() {
   const token = params.get('token');
@@ -78,7 +83,9 @@ async function connect() {
   const { pc } = c;
   const stream = new MediaStream();
   setState('connecting');
-  pc.addTransceiver('video', { direction: 'recvonly' });
+  const videoTransceiver = pc.addTransceiver('video', { direction: 'recvonly' });
+  const codec = CODEC_MIME[(params.get('codec') || '').toLowerCase()];
+  if (codec) preferCodec(videoTransceiver, codec, true);
   pc.addTransceiver('audio', { direction: 'recvonly' });
   for (const t of pc.getTransceivers()) lowLatency(t.receiver);
   pc.addEventListener('track', (ev) => stream.addTrack(ev.track));

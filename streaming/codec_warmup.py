@@ -73,7 +73,7 @@ def _warm_video(width: int, height: int, settings: Vp8Settings | None) -> None:
     rgb = np.zeros((height, width, 3), np.uint8)
     for index in range(2):
         rgb[:, :, 1] = 40 * index
-        composed = ComposedFrame(index, rgb.copy(), index * VIDEO_PTS_PER_FRAME, False, False, 0.0)
+        composed = ComposedFrame.of_image(index, rgb.copy(), index * VIDEO_PTS_PER_FRAME)
         frame = composed.video_frame()  # as a call's picture is converted for its encoders
         encoder.encode(frame, force_keyframe=index == 0)
 

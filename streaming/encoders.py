@@ -1,4 +1,5 @@
-"""lipcast's VP8 settings, for the caller's encoder (inside aiortc's sender) and the viewers' shared one.
+"""lipcast's VP8 and H.264 settings, for the caller's encoder (inside aiortc's sender) and the viewers'
+shared one.
 
 aiortc's ``Vp8Encoder`` is made for camera pictures: libvpx's temporal denoiser on (``noise-sensitivity``
 4) and every frame converted from whatever it is to yuv420p with swscale inside the encoder. lipcast's
@@ -17,12 +18,13 @@ packetizer. :func:`lipcast.streaming.rtc.use_vp8_settings` makes aiortc's sender
 
 from __future__ import annotations
 
-import multiprocessing
+import fractions
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import av
-from aiortc.codecs import vpx
+from aiortc.codecs import h264, vpx
 from aiortc.mediastreams import VIDEO_TIME_BASE, convert_timebase
 from av import VideoFrame
 from av.frame import Frame
@@ -32,7 +34,15 @@ from av.frame import Frame
 MIN_BITRATE_BPS = 80_000
 MAX_INTRA_RATE_PERCENT = 300  # libvpx's rc_max_intra_bitrate_pct, below NARROW_LINK_BPS
 NARROW_LINK_BPS = 300_000  # the receiver's estimate or the loss says the link is this narrow
-MAX_BITRATE_BPS = vpx.MAX_BITRATE
+MAX_BITRATE_BPS = vpx.MAX_BITRATE  # the ceiling up to 320x320 (aiortc's); larger pictures get more
+# Larger pictures: the ceiling grows with the pixels, 0.1 bit per pixel per frame (1280x720: 2.3 Mbps,
+# 1920x1080: 5.2 Mbps at 25 fps), never below MAX_BITRATE_BPS.
+BITS_PER_PIXEL_FRAME = 0.1
+MAX_FRAME_RATE_HZ = 25
+VIDEO_CODECS = ("vp8", "h264")  # lipcast's names, in the server's default order of preference
+MIME_TYPES = {"vp8": "video/vp8", "h264": "video/h264"}
+H264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium")
+DEFAULT_H264_PRESET = "ultrafast"
 AIORTC_CPU_USED = -6  # aiortc's own value: negative = real-time mode, larger magnitude = faster
 AIORTC_NOISE_SENSITIVITY = 4  # aiortc's own value (for cameras)
 DEFAULT_NOISE_SENSITIVITY = 0  # rendered pictures have no sensor noise: the denoiser only costs time
@@ -52,6 +62,57 @@ class Vp8Settings:
         low, high = NOISE_SENSITIVITY_RANGE
         if not low <= self.noise_sensitivity <= high:
             raise ValueError(f"VP8 noise sensitivity must be {low}..{high}, got {self.noise_sensitivity}")
+
+
+def max_bitrate_bps(width: int, height: int) -> int:
+    """The bitrate ceiling of a ``width`` x ``height`` stream (the receiver's estimate raises it so far)."""
+    return max(MAX_BITRATE_BPS, round(BITS_PER_PIXEL_FRAME * width * height * MAX_FRAME_RATE_HZ))
+
+
+def h264_level(width: int, height: int) -> str:
+    """The lowest H.264 level whose frame size holds ``width`` x ``height`` at 25 fps (in macroblocks:
+    3.0 up to 1620, e.g. 720x576; 3.1 up to 3600, 1280x720; 4.0 up to 8192, 1920x1080). aiortc always asks
+    for 3.1, which cannot carry 1080p."""
+    macroblocks = -(-width // 16) * -(-height // 16)
+    if macroblocks <= 1620:
+        return "3.0"
+    if macroblocks <= 3600:
+        return "3.1"
+    return "4.0"
+
+
+@dataclass(frozen=True)
+class H264Settings:
+    preset: str = DEFAULT_H264_PRESET
+
+    def __post_init__(self) -> None:
+        if self.preset not in H264_PRESETS:
+            raise ValueError(f"H.264 preset must be one of {', '.join(H264_PRESETS)}, got {self.preset!r}")
+
+
+def open_h264(width: int, height: int, bitrate_bps: int, settings: H264Settings) -> Any:
+    """libx264 for real-time calls: constrained baseline (no B-frames, CAVLC: every browser decodes it),
+    ``tune=zerolatency`` (no lookahead, no frame delay), the level for the size, one thread (a call is one
+    core's work; many calls spread over the cores), CBR with a one-second buffer, keyframes on request."""
+    codec: Any = av.CodecContext.create("libx264", "w")
+    codec.width = width
+    codec.height = height
+    codec.bit_rate = bitrate_bps
+    codec.pix_fmt = "yuv420p"
+    codec.framerate = fractions.Fraction(MAX_FRAME_RATE_HZ, 1)
+    codec.time_base = fractions.Fraction(1, MAX_FRAME_RATE_HZ)
+    codec.gop_size = 3000  # keyframes on request only, as for VP8
+    codec.profile = "Baseline"
+    codec.thread_count = 1
+    codec.options = {
+        "preset": settings.preset,
+        "tune": "zerolatency",
+        "level": h264_level(width, height),
+        "maxrate": str(bitrate_bps),
+        "bufsize": str(bitrate_bps),
+        "x264-params": "sliced-threads=0:repeat-headers=1",  # SPS/PPS on every keyframe (late joiners)
+    }
+    return codec
 
 
 def open_vp8(
@@ -87,35 +148,41 @@ def open_vp8(
         # first keyframe on a link not known to be narrow: capped, it starts the picture blurred and it
         # sharpens over the next second.
         codec.options = {**codec.options, "max-intra-rate": str(MAX_INTRA_RATE_PERCENT)}
-    codec.thread_count = vpx.number_of_threads(width * height, multiprocessing.cpu_count())
+    # One thread a call (aiortc's gives a 720p picture 2-3 and 1080p 8): many calls encode in parallel on
+    # the cores (media workers); threads of one encoder contend with the other calls' for the same cores.
+    codec.thread_count = 1
     return codec
 
 
-class Vp8Encoder(vpx.Vp8Encoder):
-    """aiortc's VP8 encoder (bitrate from REMB, keyframes on request, its packetizer) with lipcast's
-    settings; a yuv420p frame is encoded as it is, any other format is converted first, as aiortc does."""
+class RateFollower:
+    """The bitrate of a caller's encoder: the receiver's estimate (REMB) within the picture size's ceiling
+    (:func:`max_bitrate_bps`) and what the reported loss allows (GCC's loss-based controller)."""
 
-    def __init__(self, settings: Vp8Settings | None = None) -> None:
-        super().__init__()
-        self.settings = settings or Vp8Settings()
-        self.opened = 0  # codecs opened: the first frame, a new size, a bitrate change > 10 %
-        self._remb_bps = vpx.DEFAULT_BITRATE  # the receiver's estimate (REMB)
-        self._loss_cap_bps = MAX_BITRATE_BPS  # what the reported loss allows
-        self._keyframes_capped = False  # the open codec's keyframes are capped (max-intra-rate)
+    def _init_rate(self, start_bps: int) -> None:
+        self._ceiling_bps = MAX_BITRATE_BPS  # raised on the first frame of a larger picture
+        self._remb_bps = start_bps  # the receiver's estimate (REMB)
+        self._loss_cap_bps = MAX_BITRATE_BPS * 100  # what the reported loss allows
+
+    def _follow_size(self, width: int, height: int) -> None:
+        ceiling = max_bitrate_bps(width, height)
+        if ceiling != self._ceiling_bps:
+            # Start a larger picture as high above the floor as the small one would be.
+            self._remb_bps = round(self._remb_bps * ceiling / self._ceiling_bps)
+            self._ceiling_bps = ceiling
 
     @property
     def target_bitrate(self) -> int:
-        """The lower of the receiver's estimate (REMB) and what the reported loss allows."""
-        return min(self._remb_bps, self._loss_cap_bps)
+        """The lowest of the receiver's estimate, the size's ceiling and what the reported loss allows."""
+        return max(MIN_BITRATE_BPS, min(self._remb_bps, self._ceiling_bps, self._loss_cap_bps))
 
     @target_bitrate.setter
     def target_bitrate(self, bitrate: int) -> None:
-        self._remb_bps = max(MIN_BITRATE_BPS, min(int(bitrate), MAX_BITRATE_BPS))
+        self._remb_bps = max(MIN_BITRATE_BPS, int(bitrate))
 
     @property
     def lossy(self) -> bool:
         """A receiver reported heavy loss (over 10 %) in this call: the link is narrower than the rate."""
-        return self._loss_cap_bps < MAX_BITRATE_BPS
+        return self._loss_cap_bps < self._ceiling_bps
 
     def on_loss(self, fraction_lost: float) -> None:
         """A receiver report's fraction lost (0..1), about once a second: above 10 % the bitrate backs off
@@ -123,12 +190,25 @@ class Vp8Encoder(vpx.Vp8Encoder):
         if fraction_lost > 0.10:
             self._loss_cap_bps = max(MIN_BITRATE_BPS, int(self.target_bitrate * (1 - 0.5 * fraction_lost)))
         elif fraction_lost < 0.02:
-            self._loss_cap_bps = min(MAX_BITRATE_BPS, int(self._loss_cap_bps * 1.08))
+            self._loss_cap_bps = min(MAX_BITRATE_BPS * 100, int(self._loss_cap_bps * 1.08))
+
+
+class Vp8Encoder(RateFollower, vpx.Vp8Encoder):
+    """aiortc's VP8 encoder (bitrate from REMB, keyframes on request, its packetizer) with lipcast's
+    settings; a yuv420p frame is encoded as it is, any other format is converted first, as aiortc does."""
+
+    def __init__(self, settings: Vp8Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or Vp8Settings()
+        self.opened = 0  # codecs opened: the first frame, a new size, a bitrate change > 10 %
+        self._init_rate(vpx.DEFAULT_BITRATE)
+        self._keyframes_capped = False  # the open codec's keyframes are capped (max-intra-rate)
 
     def encode(self, frame: Frame, force_keyframe: bool = False) -> tuple[list[bytes], int]:
         assert isinstance(frame, VideoFrame)
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
+        self._follow_size(frame.width, frame.height)
         codec: Any = self.codec
         if codec is not None and (
             frame.width != codec.width
@@ -162,3 +242,35 @@ class Vp8Encoder(vpx.Vp8Encoder):
         timestamp = convert_timebase(frame.pts, frame.time_base, VIDEO_TIME_BASE)
         self.picture_id = (self.picture_id + 1) % (1 << 15)
         return payloads, timestamp
+
+
+class H264Encoder(RateFollower, h264.H264Encoder):
+    """aiortc's H.264 encoder (its packetizer: STAP-A and FU-A, packetization-mode 1; keyframes on request)
+    with :func:`open_h264`'s settings, and the bitrate as for VP8 (REMB within the size's ceiling, backing
+    off on loss)."""
+
+    def __init__(self, settings: H264Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or H264Settings()
+        self.opened = 0
+        self._init_rate(vpx.DEFAULT_BITRATE)
+
+    def _encode_frame(self, frame: VideoFrame, force_keyframe: bool) -> Iterator[bytes]:
+        if frame.format.name != "yuv420p":
+            frame = frame.reformat(format="yuv420p")
+        self._follow_size(frame.width, frame.height)
+        codec: Any = self.codec
+        if codec is not None and (
+            frame.width != codec.width
+            or frame.height != codec.height
+            or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
+        ):
+            codec = None
+        if codec is None:
+            codec = self.codec = open_h264(frame.width, frame.height, self.target_bitrate, self.settings)
+            self.opened += 1
+            force_keyframe = True  # a reopened codec starts with one anyway; the receiver needs SPS/PPS
+        frame.pict_type = av.video.frame.PictureType.I if force_keyframe else av.video.frame.PictureType.NONE
+        data = b"".join(bytes(p) for p in codec.encode(frame))
+        if data:
+            yield from self._split_bitstream(data)

@@ -1,4 +1,5 @@
-"""Encode once, send to many: one VP8 and one Opus encoder per session feed every viewer of that session.
+"""Encode once, send to many: one video encoder per (output size, codec: VP8 or H.264) and one Opus encoder
+per session feed every viewer of that session who watches at that size in that codec.
 
 aiortc encodes per peer connection: N viewers of one track would mean N VP8 encodes of the same pictures. But
 an ``RTCRtpSender`` also accepts an ``av.Packet`` from its track's ``recv()`` and then only packetizes it
@@ -45,7 +46,8 @@ from av.packet import Packet
 
 from lipcast.pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
 from lipcast.streaming.avatar_stream import AvatarStream
-from lipcast.streaming.encoders import Vp8Settings, open_vp8
+from lipcast.streaming.encoders import H264Settings, Vp8Settings, open_h264, open_vp8
+from lipcast.streaming.sizes import OutputSize
 from lipcast.streaming.tasks import cancel_and_wait, session_log
 from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
 from lipcast.streaming.wire import FrameMeta
@@ -58,6 +60,12 @@ OPUS_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 KEYFRAME_MIN_INTERVAL_S = 0.5
 VIDEO_QUEUE_FRAMES = FPS  # 1 s
 AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
+
+
+def scaled_bitrate_bps(bitrate_bps: int, size: OutputSize) -> int:
+    """A viewer encoder's target at ``size``: ``bitrate_bps`` (the setting, for up to 320x320) scaled with
+    the pixels beyond that (as the callers' ceiling, :func:`lipcast.streaming.encoders.max_bitrate_bps`)."""
+    return max(bitrate_bps, round(bitrate_bps * size.pixels / (320 * 320) * 0.25))
 
 
 class Vp8PacketEncoder:
@@ -95,6 +103,20 @@ class Vp8PacketEncoder:
         if time_base is not None:
             out.time_base = time_base
         return out, any(p.is_keyframe for p in packets)
+
+
+class H264PacketEncoder(Vp8PacketEncoder):
+    """H.264 with the callers' encoder's settings (:func:`lipcast.streaming.encoders.open_h264`), whole
+    frames as ``av.Packet`` (Annex B; each viewer's sender packetizes them)."""
+
+    def __init__(
+        self, bitrate_bps: int = DEFAULT_VIDEO_BITRATE_BPS, settings: H264Settings | None = None
+    ) -> None:
+        super().__init__(bitrate_bps)
+        self.h264 = settings or H264Settings()
+
+    def _open(self, width: int, height: int) -> Any:
+        return open_h264(width, height, self.bitrate_bps, self.h264)
 
 
 class OpusPacketEncoder:
@@ -220,13 +242,23 @@ class EncodedFanout:
         *,
         video_bitrate_bps: int = DEFAULT_VIDEO_BITRATE_BPS,
         vp8: Vp8Settings | None = None,
+        h264: H264Settings | None = None,
+        size: OutputSize | None = None,
+        codec: str = "vp8",
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``size``: the video's (None: the avatar's own); ``codec``: vp8 or h264."""
         self.stream = stream
         self.stats = FanoutStats()
-        self._video_encoder = Vp8PacketEncoder(video_bitrate_bps, vp8)
+        self.codec = codec
+        self.size = size
+        self._video_encoder = (
+            H264PacketEncoder(video_bitrate_bps, h264)
+            if codec == "h264"
+            else Vp8PacketEncoder(video_bitrate_bps, vp8)
+        )
         self._audio_encoder = OpusPacketEncoder()
-        self._video_source = AvatarVideoTrack(stream, on_frame=self._on_frame)
+        self._video_source = AvatarVideoTrack(stream, on_frame=self._on_frame, size=size)
         self._audio_source = AvatarAudioTrack(stream)
         self._subscriptions: list[Subscription] = []
         self._meta: FrameMeta | None = None

@@ -13,65 +13,110 @@ not safe to share between threads (``reformat`` keeps a converter on the frame, 
 viewers' encoders run at the same time in executor threads), and aiortc's encoders write ``pict_type``
 on the frame they are given.
 
-The VP8 encoders take yuv420p. Handed rgb24, each converts every frame with swscale in its thread: 1.2-1.4
-ms of CPU per 320x320 frame here with the rgb24 frame's copy. The picture is converted here instead, once
-per tick for all encoders, to the same planes to within 1 (:func:`to_yuv420p`: 0.48 ms).
+The encoders take yuv420p. Handed rgb24, each converts every frame with swscale in its thread: 1.2-1.4
+ms of CPU per 320x320 frame here with the rgb24 frame's copy, 2.2 ms at 1280x720. The picture is made here
+instead, once per tick and output size for all encoders: the avatar frame's planes at that size are
+converted once for the process (:class:`~lipcast.streaming.planes.IdlePlanes`), and a tick with a render
+copies them and writes the patch's region in (:func:`~lipcast.streaming.planes.paste_into_planes`). The
+RGB picture (``image``) is made only for a consumer that asks for it (the virtual camera).
 """
 
 from __future__ import annotations
 
 import fractions
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 from av import VideoFrame
 
 from lipcast.pipeline.avatar import Avatar
+from lipcast.pipeline.backend import RenderedPatch
 from lipcast.pipeline.compositing import paste_patch
 from lipcast.pipeline.engine import DeadlineExpiredError
 from lipcast.pipeline.timing import VIDEO_CLOCK_HZ
+from lipcast.streaming.planes import IDLE_PLANES, IdlePlanes, frame_planes, paste_into_planes, to_yuv420p
+from lipcast.streaming.sizes import OutputSize, placement
 from lipcast.streaming.tick import Tick
 
 VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK_HZ)
 # Composed frames kept for consumers that ask for a tick after another did. Every consumer asks for the
 # newest presented tick or a later one (a track that falls behind jumps ahead), so two would do; four leave
-# room for a consumer that is a frame or two slower than the first. At 320x320: ~1.2 MB per session.
+# room for a consumer that is a frame or two slower than the first.
 KEEP_COMPOSED_FRAMES = 4
 
 Image = npt.NDArray[np.uint8]
 
+__all__ = ["ComposedFrame", "FrameContent", "SharedFrames", "to_yuv420p"]
 
-def to_yuv420p(image: Image) -> Image:
-    """An (H, W, 3) RGB picture of even size as yuv420p planes, (1.5 H, W): Y, then U, then V; what
-    swscale (aiortc's conversion) makes of it, to within 1 (BT.601, limited range).
 
-    Luma is OpenCV's. Chroma is not: OpenCV's RGB -> I420 takes each 2x2 block's chroma from its top-left
-    pixel alone, where swscale averages each pair of columns and filters rows 1-3-3-1 (rows 2i-1 .. 2i+2).
-    Point-sampled chroma is aliased; over VP8 at 40 kbps it left the resting mouth 25 % further (in
-    chroma) from the call's first frames, which raised the probe's motion threshold above the second frame
-    of a mouth opening: its black-box onset came a frame late. So the chroma is filtered as swscale does,
-    on the RGB values (the conversion is affine), then converted by OpenCV at quarter size.
-    """
-    height, width = image.shape[:2]
-    planes = cast(Image, cv2.cvtColor(image, cv2.COLOR_RGB2YUV_I420))
-    # Column pairs averaged (an exact 2:1 linear resize), then rows 1-3-3-1 / 8, edge rows repeated.
-    half = cv2.resize(image.astype(np.float32), (width // 2, height), interpolation=cv2.INTER_LINEAR)
-    even, odd = half[0::2], half[1::2]
-    above = np.concatenate([half[:1], odd[:-1]])
-    below = np.concatenate([even[1:], half[-1:]])
-    rgb = (even + odd) * (3.0 / (8.0 * 255.0)) + (above + below) * (1.0 / (8.0 * 255.0))  # in 0..1
-    ycc = cv2.cvtColor(rgb, cv2.COLOR_RGB2YCrCb)  # full-range Cr, Cb around 0.5
-    chroma = cv2.convertScaleAbs(ycc, alpha=224.0, beta=16.0)  # limited range: (c - 0.5) * 224 + 128
-    count = (height // 2) * (width // 2)
-    flat = planes.reshape(-1)
-    flat[height * width : height * width + count] = chroma[:, :, 2].reshape(-1)  # U = Cb
-    flat[height * width + count :] = chroma[:, :, 1].reshape(-1)  # V = Cr
-    return planes
+@dataclass(eq=False)
+class FrameContent:
+    """What a tick shows: an avatar frame, with a rendered patch over it (weight ``mix``) or not; or any
+    picture (``image``, a warm-up's). Its pictures (RGB at the avatar's size, planes at each output size)
+    are made on first use and kept: a late tick repeating it shares them."""
+
+    avatar: Avatar | None
+    frame_index: int = 0
+    patch: RenderedPatch | None = None
+    mix: float = 1.0
+    idle: IdlePlanes = IDLE_PLANES
+    image: Image | None = None
+    _planes: dict[OutputSize, Image] = field(default_factory=dict)
+    _planes_ms: dict[OutputSize, float] = field(default_factory=dict)  # what making them took, once
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def planes_ms(self, size: OutputSize) -> float:
+        """The time making the planes at ``size`` took (0 if not made, or made by no one: the idle cache)."""
+        return self._planes_ms.get(size, 0.0)
+
+    @property
+    def native_size(self) -> OutputSize:
+        if self.avatar is not None:
+            return OutputSize(self.avatar.width, self.avatar.height)
+        assert self.image is not None
+        return OutputSize(self.image.shape[1], self.image.shape[0])
+
+    def rgb(self) -> Image:
+        if self.image is None:
+            assert self.avatar is not None
+            base = self.avatar.frames[self.frame_index]
+            if self.patch is None:
+                image = read_only(base)
+            else:
+                image = paste_patch(base, self.patch, self.mix)
+                image.flags.writeable = False
+            self.image = image
+        return self.image
+
+    def planes(self, size: OutputSize) -> Image:
+        """The picture at ``size`` as yuv420p planes (read-only), made on the first call for that size."""
+        planes = self._planes.get(size)
+        if planes is not None:
+            return planes
+        with self._lock:  # two encoder threads asking at once convert once
+            planes = self._planes.get(size)
+            if planes is not None:
+                return planes
+            started = time.perf_counter()
+            if self.avatar is None:
+                assert self.image is not None
+                planes = frame_planes(self.image, placement(self.image.shape[1], self.image.shape[0], size))
+            else:
+                base = self.idle.planes(self.avatar, self.frame_index, size)
+                if self.patch is None:
+                    planes = base
+                else:
+                    place = self.idle.placement(self.avatar, size)
+                    source = self.avatar.frames[self.frame_index]
+                    planes = paste_into_planes(base, place, self.patch, self.mix, source)
+            planes.flags.writeable = False
+            self._planes[size] = planes
+            self._planes_ms[size] = (time.perf_counter() - started) * 1000.0
+            return planes
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,27 +124,40 @@ class ComposedFrame:
     """Tick ``index`` as it leaves: the same object for every consumer (read-only, see the module doc)."""
 
     index: int
-    image: Image  # (H, W, 3) RGB, not writeable
+    content: FrameContent
     pts: int  # on the 90 kHz video clock
     late: bool  # the render was not ready at presentation: the previous picture is repeated
     failed: bool  # the render raised: the avatar frame as it is
-    compose_ms: float  # the time composing took (once, by the first consumer)
-    _yuv: list[Image] = field(default_factory=list, repr=False)  # the yuv420p planes, once converted
+    compose_ms: float  # the time deciding what the tick shows took (once, by the first consumer)
 
-    def yuv420p(self) -> Image:
-        """The picture as yuv420p planes (read-only), converted on the first call (on the event loop)."""
-        if not self._yuv:
-            planes = to_yuv420p(self.image)
-            planes.flags.writeable = False
-            self._yuv.append(planes)
-        return self._yuv[0]
+    @classmethod
+    def of_image(cls, index: int, image: Image, pts: int) -> ComposedFrame:
+        """A frame of any RGB picture (a warm-up's)."""
+        return cls(index, FrameContent(None, image=read_only(image)), pts, False, False, 0.0)
 
-    def video_frame(self, pixel_format: str = "yuv420p") -> VideoFrame:
-        """A new ``av.VideoFrame`` of the picture for one consumer (see the module doc): yuv420p, what the
-        VP8 encoders take, or rgb24. A picture of odd size, which 4:2:0 cannot hold, is always rgb24."""
-        height, width = self.image.shape[:2]
-        if pixel_format == "yuv420p" and not (height % 2 or width % 2):
-            video = VideoFrame.from_ndarray(self.yuv420p(), format="yuv420p")
+    @property
+    def image(self) -> Image:
+        """(H, W, 3) RGB at the avatar's own size, not writeable; made on first use."""
+        return self.content.rgb()
+
+    @property
+    def size(self) -> OutputSize:
+        """The avatar's own size (the default output size)."""
+        return self.content.native_size
+
+    def yuv420p(self, size: OutputSize | None = None) -> Image:
+        """The picture as yuv420p planes (read-only) at ``size`` (None: the avatar's own), made on the
+        first call for that size."""
+        return self.content.planes(size or self.content.native_size)
+
+    def video_frame(self, pixel_format: str = "yuv420p", size: OutputSize | None = None) -> VideoFrame:
+        """A new ``av.VideoFrame`` of the picture for one consumer (see the module doc): yuv420p at
+        ``size`` (None: the avatar's own), what the encoders take, or rgb24 (the avatar's size). A picture of
+        odd size, which 4:2:0 cannot hold, is always rgb24."""
+        native = self.content.native_size if size is None else None
+        odd = native is not None and (native.height % 2 or native.width % 2)
+        if pixel_format == "yuv420p" and not odd:
+            video = VideoFrame.from_ndarray(self.yuv420p(size), format="yuv420p")
         elif pixel_format in ("yuv420p", "rgb24"):
             video = VideoFrame.from_ndarray(self.image, format="rgb24")
         else:
@@ -133,6 +191,7 @@ class SharedFrames:
         *,
         keep_frames: int = KEEP_COMPOSED_FRAMES,
         perf_counter: Callable[[], float] = time.perf_counter,
+        idle: IdlePlanes = IDLE_PLANES,
     ) -> None:
         self.avatar = avatar
         self.pts_step = VIDEO_CLOCK_HZ // fps
@@ -140,7 +199,8 @@ class SharedFrames:
         self.stats = CompositorStats()
         self._perf = perf_counter
         self._frames: dict[int, ComposedFrame] = {}
-        self._last: Image | None = None  # the newest picture not repeated from an earlier one
+        self.idle = idle
+        self._last: FrameContent | None = None  # the newest picture not repeated from an earlier one
         self._last_index = -1
 
     def compose(self, tick: Tick) -> ComposedFrame:
@@ -153,9 +213,9 @@ class SharedFrames:
             self.stats.shared += 1
             return frame
         started = self._perf()
-        image, late, failed = self._image(tick)
+        content, late, failed = self._content(tick)
         compose_ms = (self._perf() - started) * 1000.0
-        frame = ComposedFrame(tick.index, image, tick.index * self.pts_step, late, failed, compose_ms)
+        frame = ComposedFrame(tick.index, content, tick.index * self.pts_step, late, failed, compose_ms)
         self.stats.composed += 1
         self._frames[tick.index] = frame
         while len(self._frames) > self.keep_frames:
@@ -167,24 +227,23 @@ class SharedFrames:
         self._last = None
         self._last_index = -1
 
-    def _image(self, tick: Tick) -> tuple[Image, bool, bool]:
-        """(picture, late, failed) for ``tick``; a late render repeats the newest picture before it."""
-        base = self.avatar.frames[tick.frame_index]
+    def _content(self, tick: Tick) -> tuple[FrameContent, bool, bool]:
+        """(content, late, failed) for ``tick``; a late render repeats the newest content before it."""
+        base = FrameContent(self.avatar, tick.frame_index, idle=self.idle)
         future = tick.patch
         failed = False
         if future is None:
-            image = read_only(base)
+            content = base
         elif not future.done() or (
             not future.cancelled() and isinstance(future.exception(), DeadlineExpiredError)
         ):
-            return (self._last if self._last is not None else read_only(base)), True, False
+            return (self._last if self._last is not None else base), True, False
         elif future.cancelled() or future.exception() is not None:
             failed = True
-            image = read_only(base)
+            content = base
         else:
-            image = paste_patch(base, future.result(), tick.mix)
-            image.flags.writeable = False
+            content = FrameContent(self.avatar, tick.frame_index, future.result(), tick.mix, idle=self.idle)
             self.stats.pasted += 1
         if tick.index > self._last_index:
-            self._last, self._last_index = image, tick.index
-        return image, False, failed
+            self._last, self._last_index = content, tick.index
+        return content, False, failed

@@ -34,7 +34,7 @@ from aiortc import RTCRtpReceiver, RTCRtpSender
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, RtcpRrPacket, RtcpSrPacket, unpack_remb_fci
 
-from lipcast.streaming.encoders import Vp8Encoder, Vp8Settings
+from lipcast.streaming.encoders import H264Encoder, H264Settings, Vp8Encoder, Vp8Settings
 from lipcast.streaming.opus import OpusEncoder, libopus_available, outbound_audio_bitrate
 
 logger = logging.getLogger(__name__)
@@ -221,6 +221,7 @@ class _TimedEncoder:
 
 
 _vp8_settings: Vp8Settings | None = None  # None: aiortc's own VP8 encoder
+_h264_settings: H264Settings | None = None  # None: aiortc's own H.264 encoder
 
 
 def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
@@ -229,6 +230,8 @@ def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
     encoder: Any
     if mime == "video/vp8" and _vp8_settings is not None:
         encoder = Vp8Encoder(_vp8_settings)
+    elif mime == "video/h264" and _h264_settings is not None:
+        encoder = H264Encoder(_h264_settings)
     elif mime == "audio/opus" and libopus_available():
         encoder = OpusEncoder(fec_loss_percent=_opus_fec_loss_percent)
     else:
@@ -341,6 +344,14 @@ def use_vp8_settings(settings: Vp8Settings | None) -> None:
     global _vp8_settings
     _hook_sender_encoders()
     _vp8_settings = settings
+
+
+def use_h264_settings(settings: H264Settings | None) -> None:
+    """aiortc's senders encode H.264 with :class:`lipcast.streaming.encoders.H264Encoder` and ``settings``
+    from now on (process-wide; None: aiortc's own encoder again)."""
+    global _h264_settings
+    _hook_sender_encoders()
+    _h264_settings = settings
 
 
 def observe_encoding(observer: EncodeObserver) -> Callable[[], None]:

@@ -19,6 +19,7 @@ from av import AudioFrame, VideoFrame
 from lipcast.pipeline.timing import MEDIA_SAMPLE_RATE_HZ
 from lipcast.streaming.avatar_stream import AvatarStream
 from lipcast.streaming.frames import ComposedFrame
+from lipcast.streaming.sizes import OutputSize
 from lipcast.streaming.tick import Tick
 from lipcast.streaming.wire import FrameMeta
 
@@ -71,10 +72,18 @@ class AvatarVideoTrack(_StreamTrack):
 
     kind = "video"
 
-    def __init__(self, stream: AvatarStream, on_frame: Callable[[FrameMeta], None] | None = None) -> None:
+    def __init__(
+        self,
+        stream: AvatarStream,
+        on_frame: Callable[[FrameMeta], None] | None = None,
+        *,
+        size: OutputSize | None = None,
+    ) -> None:
+        """``size``: the pictures' output size (None: the avatar's own)."""
         super().__init__()
         self.stream = stream
         self.on_frame = on_frame
+        self.size = size
         self.stats = VideoStats()
         self._next = 0
 
@@ -83,10 +92,12 @@ class AvatarVideoTrack(_StreamTrack):
         self._next = index
 
     async def recv(self) -> VideoFrame:
-        return (await self.next_frame()).video_frame()
+        return (await self.next_frame(planes=True)).video_frame(size=self.size)
 
-    async def next_frame(self) -> ComposedFrame:
-        """The next tick's composed frame at its presentation time (shared with the stream's consumers)."""
+    async def next_frame(self, *, planes: bool = False) -> ComposedFrame:
+        """The next tick's composed frame at its presentation time (shared with the stream's consumers);
+        ``planes``: its yuv420p planes at this track's size made now (counted in the frame's "compose"
+        stage)."""
         stream = await self._running_stream()
         index = self._next
         await stream.clock.sleep_until(stream.present_time(index))
@@ -102,14 +113,18 @@ class AvatarVideoTrack(_StreamTrack):
             self.stop()
             raise MediaStreamError
         frame = stream.frames.compose(tick)
+        compose_ms = frame.compose_ms  # the tick's decision, once for every consumer ...
+        if planes:
+            frame.yuv420p(self.size)  # ... and its picture at this size, made once for all consumers of it
+            compose_ms += frame.content.planes_ms(self.size or frame.size)
         self.stats.sent += 1
         self.stats.late += int(frame.late)
         self.stats.failed += int(frame.failed)
         if self.on_frame is not None:
-            self.on_frame(self._meta(tick, frame))
+            self.on_frame(self._meta(tick, frame, compose_ms))
         return frame
 
-    def _meta(self, tick: Tick, frame: ComposedFrame) -> FrameMeta:
+    def _meta(self, tick: Tick, frame: ComposedFrame, compose_ms: float) -> FrameMeta:
         stream = self.stream
         # Where a frame's time goes on the server (ms): its audio waits in the jitter buffer ("buffer", the
         # newest audio pulled at this tick), then the fixed lookahead delay ("lookahead"), the tick is
@@ -117,7 +132,7 @@ class AvatarVideoTrack(_StreamTrack):
         # render budget ("budget": due -> leaves), and composed ("compose") before the encoder.
         stages = {
             "features": round(tick.featurize_ms, 3),
-            "compose": round(frame.compose_ms, 3),
+            "compose": round(compose_ms, 3),
             "lookahead": round(stream.delay_ms, 3),
             "budget": round(stream.render_budget_s * 1000.0, 3),
             "produce_late": round(tick.late_ms, 3),

@@ -118,6 +118,8 @@ class OfferAnswer(TypedDict):
     type: str  # "answer"
     session_id: str
     avatar: AvatarJson
+    size: str  # the video's WIDTHxHEIGHT
+    codec: str | None  # the video codec (vp8, h264)
 
 
 class PushSessionInfo(TypedDict):

@@ -35,7 +35,7 @@ import numpy as np
 from lipcast.pipeline.backend import FloatArray, RenderedPatch, RenderItem, UInt8Array
 
 REQUEST_HEADER = struct.Struct("<16s64sidf")  # session, avatar, frame index, deadline, enhance (92 bytes)
-RESPONSE_HEADER = struct.Struct("<iiii")  # top, left, height, width
+RESPONSE_HEADER = struct.Struct("<iiiiii")  # top, left, height, width, box height, box width (0: none)
 NOTE = struct.Struct("<cI")  # kind, slot
 CANCEL = struct.Struct("<c16s")  # b"C", session id
 ALIGN = 64
@@ -172,19 +172,21 @@ class Ring:
         if h * w * 3 > self.layout.max_patch_bytes:
             raise RingError(f"a {w}x{h} patch is larger than the link's {self.layout.max_patch_bytes} bytes")
         at = self._response_at(slot)
-        RESPONSE_HEADER.pack_into(self._buf, at, patch.top, patch.left, h, w)
+        box_h, box_w = patch.box or (0, 0)
+        RESPONSE_HEADER.pack_into(self._buf, at, patch.top, patch.left, h, w, box_h, box_w)
         view = np.ndarray((h, w, 3), np.uint8, buffer=self._buf, offset=at + RESPONSE_HEADER.size)
         np.copyto(view, pixels, casting="unsafe")
 
     def read_patch(self, slot: int) -> RenderedPatch:
         at = self._response_at(slot)
-        top, left, h, w = RESPONSE_HEADER.unpack_from(self._buf, at)
+        top, left, h, w, box_h, box_w = RESPONSE_HEADER.unpack_from(self._buf, at)
         if h < 0 or w < 0 or h * w * 3 > self.layout.max_patch_bytes:
             raise RingError(f"corrupt response in slot {slot}: {w}x{h}")
         pixels: UInt8Array = np.ndarray(
             (h, w, 3), np.uint8, buffer=self._buf, offset=at + RESPONSE_HEADER.size
         ).copy()
-        return RenderedPatch(pixels, int(top), int(left))
+        box = (int(box_h), int(box_w)) if box_h > 0 and box_w > 0 else None
+        return RenderedPatch(pixels, int(top), int(left), box)
 
     def close(self) -> None:
         """Unmap (and, on the creating side, remove) the block."""

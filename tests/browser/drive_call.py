@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from lipcast.server.app import create_app
@@ -62,6 +64,19 @@ POLL_JS = """
     out.currentTime = v.currentTime;
   }
   return out;
+})()
+"""
+
+
+# The current video frame at its own size, as a PNG data URL.
+FRAME_JS = """
+(() => {
+  const v = document.querySelector('video');
+  if (!v || !v.videoWidth || v.readyState < 2) return null;
+  const c = document.createElement('canvas');
+  c.width = v.videoWidth; c.height = v.videoHeight;
+  c.getContext('2d').drawImage(v, 0, 0);
+  return c.toDataURL('image/png');
 })()
 """
 
@@ -140,15 +155,30 @@ async def page_socket(http: aiohttp.ClientSession, port: int, deadline_s: float)
     raise TimeoutError("chromium's DevTools endpoint did not come up")
 
 
-async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
+async def run(
+    wav: Path,
+    seconds: float,
+    chromium: str,
+    size: str | None = None,
+    codec: str | None = None,
+    avatar: str | None = None,
+    frame_png: Path | None = None,
+) -> dict[str, Any]:
+    """``size``, ``codec``, ``avatar``: what the page asks for (its ?size=, ?codec=, ?avatar=);
+    ``frame_png``: where to write the decoded picture of the poll with the most mouth motion (a PNG at the
+    video's own size)."""
     restrict_host_addresses(["127.0.0.1"])
-    app = create_app(Settings(port=free_port()))
+    hd_sizes = "1280x720" if avatar and avatar.endswith("-720p") else ""
+    app = create_app(Settings(port=free_port(), builtin_hd_sizes=hd_sizes))
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     devtools_port = free_port()
     url = f"http://127.0.0.1:{port}/?autostart=1&ec=0&ns=0&agc=0"
+    for name, value in (("size", size), ("codec", codec), ("avatar", avatar)):
+        if value:
+            url += f"&{name}={value}"
     proc, profile = launch_browser(
         chromium, url, devtools_port, f"--use-file-for-fake-audio-capture={wav}%noloop"
     )
@@ -157,15 +187,27 @@ async def run(wav: Path, seconds: float, chromium: str) -> dict[str, Any]:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/avatars") as response:
                 avatars = await response.json()
-            box = next(a for a in avatars["avatars"] if a["name"] == avatars["default"])["mouth_box"]
+            box = next(a for a in avatars["avatars"] if a["name"] == (avatar or avatars["default"]))[
+                "mouth_box"
+            ]
             ws_url = await page_socket(http, devtools_port, time.monotonic() + 20)
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
                 tools = DevTools(ws)
                 end = time.monotonic() + seconds
+                best, best_png = -1.0, b""
                 while time.monotonic() < end:
-                    polls.append(await tools.evaluate(POLL_JS % json.dumps(box)))
+                    poll = await tools.evaluate(POLL_JS % json.dumps(box))
+                    polls.append(poll)
+                    if frame_png is not None and poll and poll.get("mouth") and len(polls) > 20:
+                        motion = float(np.std(poll["mouth"]))
+                        if motion > best:
+                            best = motion
+                            shot = await tools.evaluate(FRAME_JS)
+                            best_png = base64.b64decode(shot.split(",", 1)[1]) if shot else best_png
                     await asyncio.sleep(0.05)
                 final_state = await tools.evaluate("document.body && document.body.dataset.state")
+                if frame_png is not None and best_png:
+                    await asyncio.to_thread(frame_png.write_bytes, best_png)
     finally:
         stop_browser(proc, profile)
         await runner.cleanup()
@@ -177,8 +219,14 @@ def main() -> int:
     parser.add_argument("--wav", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    parser.add_argument("--size", help="the video size the page asks for, WIDTHxHEIGHT")
+    parser.add_argument("--codec", choices=("vp8", "h264"), help="the only video codec the page offers")
+    parser.add_argument("--avatar", help="the avatar the page asks for")
+    parser.add_argument("--frame-png", type=Path, help="write the most animated decoded frame here")
     args = parser.parse_args()
-    result = asyncio.run(run(args.wav, args.seconds, args.chromium))
+    result = asyncio.run(
+        run(args.wav, args.seconds, args.chromium, args.size, args.codec, args.avatar, args.frame_png)
+    )
     json.dump(result, sys.stdout)
     return 0
 

@@ -84,7 +84,9 @@ def test_ring_round_trip_and_limits() -> None:
         ring.write_patch(3, patch)
         back = ring.read_patch(3)
         np.testing.assert_array_equal(back.pixels, patch.pixels)
-        assert (back.top, back.left) == (9, 11)
+        assert (back.top, back.left, back.box) == (9, 11, None)
+        ring.write_patch(2, RenderedPatch(patch.pixels, 9, 11, box=(5, 9)))  # rendered smaller than its box
+        assert ring.read_patch(2).box == (5, 9)
         with pytest.raises(RingError):
             ring.write_patch(0, RenderedPatch(np.zeros((5, 5, 3), np.uint8), 0, 0))
         with pytest.raises(RingError):

@@ -121,7 +121,11 @@ async def test_health_config_and_avatars(client) -> None:
     health = await (await client.get("/healthz")).json()
     assert health["status"] == "ok" and health["ready"] and health["backend"] == "builtin"
     assert health["device"] == "cpu" and "torch" in health
-    assert (await (await client.get("/config")).json()) == {"ice_servers": []}
+    assert (await (await client.get("/config")).json()) == {
+        "ice_servers": [],
+        "max_output_size": "1920x1080",
+        "video_codecs": ["vp8", "h264"],
+    }
     avatars = await (await client.get("/avatars")).json()
     assert avatars["default"] == "astronaut"
     assert [a["name"] for a in avatars["avatars"]] == ["astronaut"]

@@ -315,9 +315,15 @@ async def test_whep_errors_leave_no_viewer_or_encoder(client) -> None:
     refused = await client.post(endpoint, data=sending, headers=SDP)
     assert refused.status == 400 and "recvonly" in (await refused.json())["error"]
     h264_pc, h264 = await offer_sdp(audio=None, video="recvonly", video_codec="video/H264")
-    no_vp8 = await client.post(endpoint, data=h264, headers=SDP)
-    assert no_vp8.status == 400 and "VP8" in (await no_vp8.json())["error"]
-    assert len(session.viewers) == 0 and session.viewers.fanout is None
+    for query, named in (
+        ("size=4000x3000", "query 'size'"),
+        ("size=big", "query 'size'"),
+        ("width=9", "query 'height' must be an integer"),
+        ("width=9&height=10", "'width'/'height': width must be 16..1920 px"),
+    ):
+        refused = await client.post(f"{endpoint}?{query}", data=h264, headers=SDP)
+        assert refused.status == 400 and named in (await refused.json())["error"], query
+    assert len(session.viewers) == 0 and session.viewers.fanout is None and not session.viewers.fanouts
 
     created = await client.post(endpoint, data=sdp, headers=SDP)
     assert created.status == 201
