@@ -177,6 +177,7 @@ def _whole_2_5_ms(samples: int) -> int:
 # call's video below NARROW_AUDIO_BELOW_BPS) 32 kbps, back up once the estimate clears WIDE_AUDIO_ABOVE_BPS.
 # 32 kbps mono with FEC still carries wideband speech; at 96 kbps the voice was a third of a 300 kbps link.
 DEFAULT_OUTBOUND_BITRATE_BPS = 96_000
+_OPUS_TIME_BASE = Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 NARROW_LINK_AUDIO_BITRATE_BPS = 32_000
 NARROW_AUDIO_BELOW_BPS = 600_000
 WIDE_AUDIO_ABOVE_BPS = 900_000
@@ -234,4 +235,8 @@ class OpusEncoder:
         return (payloads, timestamp) if payloads else ([], None)
 
     def pack(self, packet: Any) -> tuple[list[bytes], int]:
-        raise NotImplementedError("lipcast's tracks send frames, not encoded packets")
+        """An Opus packet encoded elsewhere (a viewer's, from the session's shared encoder), as it is: its
+        RTP timestamp from its pts (aiortc's ``OpusEncoder.pack``)."""
+        from aiortc.mediastreams import convert_timebase
+
+        return [bytes(packet)], convert_timebase(packet.pts, packet.time_base, _OPUS_TIME_BASE)

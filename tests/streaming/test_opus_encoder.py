@@ -3,6 +3,8 @@ mid-call, and the voice following the receiver's estimate for the call's video (
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from aiortc import RTCCertificate, RTCDtlsTransport, RTCIceGatherer, RTCIceTransport, RTCRtpSender
@@ -90,3 +92,11 @@ async def test_a_remb_for_the_video_moves_the_voice_of_the_same_call() -> None:
     remb = pack_remb_fci(1_200_000, [video._ssrc])
     await video._handle_rtcp_packet(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=1, media_ssrc=0, fci=remb))
     assert encoders[0].target_bitrate == DEFAULT_OUTBOUND_BITRATE_BPS
+
+
+def test_a_packet_encoded_elsewhere_is_packed_as_it_is_at_its_pts() -> None:
+    from av.packet import Packet
+
+    packet = Packet(b"\x78\x01\x02")
+    packet.pts, packet.time_base = 4800, Fraction(1, 48000)
+    assert OpusEncoder().pack(packet) == ([b"\x78\x01\x02"], 4800)
