@@ -281,9 +281,8 @@ class InputAudioBuffer:
         fec_hold, self._fec_hold_pending = self._fec_hold_pending, False
         if late and self.stretch is not None and self._depth < self.target_samples:
             return self._hold(count, self.stretch)
-        guard = round(FEC_GUARD_MS * self.sample_rate_hz / 1000)
-        if fec_hold and self.stretch is not None and count - guard <= self._depth < self.target_samples:
-            return self._hold_part(count, guard, self.stretch)
+        if fec_hold and self.stretch is not None and self._depth < self.target_samples:
+            return self._hold(count, self.stretch)
         if self._depth < count and self.refill is not None:
             self.refill(count - self._depth)
         if self._depth < count:
@@ -316,19 +315,6 @@ class InputAudioBuffer:
             samples = np.resize(samples, count) if len(samples) else np.zeros(count, np.int16)
         self.stats.stretched_samples += count
         return Pulled(samples.astype(np.int16, copy=False), self._last_speech, None, underrun=False)
-
-    def _hold_part(self, count: int, held: int, stretch: Callable[[int], Int16Array]) -> Pulled:
-        """A tick of ``count - held`` queued samples and then ``held`` of concealment that continues them:
-        the stream is held back by ``held`` only (one packet, for the FEC guard; a late packet holds a
-        tick)."""
-        taken = self._take(count - held)
-        extra = stretch(held)
-        if len(extra) != held:
-            extra = np.resize(extra, held) if len(extra) else np.zeros(held, np.int16)
-        self.stats.stretched_samples += held
-        self._last_speech = taken.speech
-        samples = np.concatenate([taken.samples, extra.astype(np.int16, copy=False)])
-        return Pulled(samples, taken.speech, taken.input_pos, underrun=False, waited_ms=taken.waited_ms)
 
     def _log_underrun(self, count: int) -> None:
         now = self._clock()

@@ -20,9 +20,8 @@ I/O and its clock passed in (unit-tested against recorded packet timelines):
   packet says it is missing (a burst of losses, or a packet stuck in the network), whole packets at a time.
   The stream's timeline stays the sender's, so the buffer never runs dry for loss, and its adaptive target
   follows the network's jitter only. A single packet concealed so, when the packet after it comes carrying
-  in-band FEC, could have been rebuilt had that packet been there in time: ``on_fec_missed`` tells the
-  buffer, which then keeps one packet more while the stream stays lossy (a burst gains little from FEC,
-  which rebuilds only the burst's last packet, so it does not count)
+  in-band FEC, could have been rebuilt had that packet been there in time (for a burst, its last packet):
+  ``on_fec_missed`` tells the buffer, which then keeps one packet more while the stream stays lossy
   (:meth:`lipcast.streaming.audio_buffer.InputAudioBuffer.observe_fec_missed`).
 * A packet that arrives after its slot was concealed is dropped (*late*) but its arrival is reported
   (``on_late``): lateness is jitter, and the buffer's target must see it. The buffer then holds the stream
@@ -61,7 +60,7 @@ class PlayoutStats:
     lost: int = 0  # packets given up on and concealed
     concealed_samples: int = 0
     fec_recovered: int = 0  # of the lost, rebuilt from the next packet's in-band FEC
-    fec_missed: int = 0  # of the lost, concealed alone before the next packet came, which carried its FEC
+    fec_missed: int = 0  # runs of lost packets concealed before the next packet, carrying FEC, came
     late: int = 0  # arrived after their slot was concealed (dropped)
     reordered: int = 0  # arrived after a packet sent later, in time to be played
     duplicates: int = 0
@@ -110,7 +109,7 @@ class PacketPlayout:
         self._last_arrival_s: float | None = None
         self._packet_samples = DEFAULT_PACKET_SAMPLES
         # The run of packets last concealed ahead, (first sequence number, count): when the packet after it
-        # comes carrying FEC and the run was one packet, FEC would have rebuilt it had it been there.
+        # comes carrying FEC, FEC would have rebuilt the run's last packet had it been there.
         self._concealed_ahead: tuple[int, int] | None = None
 
     def _extend(self, sequence: int) -> int:
@@ -141,7 +140,7 @@ class PacketPlayout:
         if self._concealed_ahead is not None and seq >= sum(self._concealed_ahead):
             start, count = self._concealed_ahead
             self._concealed_ahead = None
-            if seq == start + count and count == 1 and has_lbrr(payload):
+            if seq == start + count and has_lbrr(payload):
                 self.stats.fec_missed += 1
                 if self.on_fec_missed is not None:
                     self.on_fec_missed()

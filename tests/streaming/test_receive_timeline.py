@@ -148,18 +148,20 @@ def test_on_a_lossy_link_with_fec_the_buffer_keeps_one_packet_more_and_losses_ar
     assert stats.fec_missed <= 2 and stats.fec_recovered >= 12
     clean = median_wait(clean_waits, 3.0, CLEAN_S)
     end = CLEAN_S + JITTER_S
-    # One tick more at the first such loss, given back down to one packet more within 6 s.
-    assert median_wait(waits, CLEAN_S + 6.0, end) == pytest.approx(clean + 20.0)
+    # A tick more at the first such loss, given back down to one packet more once the margins allow it.
+    assert median_wait(waits, CLEAN_S + 1.0, CLEAN_S + 4.0) <= clean + 40.0 + 1e-6
+    assert median_wait(waits, end - 4.0, end) == pytest.approx(clean + 20.0)
     # Once the losses stop, the guard lapses (10 s) and the depth returns at the next pauses.
     assert median_wait(waits, end + 11.0, end + AFTER_S) == pytest.approx(clean)
     assert clean_rx.playout.stats.fec_missed == 0 and clean_rx.buffer.fec_guard_ms == 0.0
 
 
-def test_bursts_that_fec_cannot_rebuild_leave_the_buffer_as_it_was() -> None:
-    # FEC rebuilds only the last packet of a burst: a burst of 4 does not call for one packet more.
+def test_bursts_deepen_the_buffer_once_not_at_every_burst() -> None:
+    # FEC rebuilds a burst's last packet: the first burst that missed it deepens the buffer by a held tick;
+    # the later ones find the buffer at its target and hold nothing (holding a tick per burst, as an earlier
+    # version did, took a 5 % bursty link's delay to over a second).
     clean_rx, clean_waits = run(stretch=True, jitter=False, tick_phase_s=0.033)
     rx, waits = run(stretch=True, jitter=False, loss=0.0125, burst=4, tick_phase_s=0.033)
-    assert rx.playout.stats.lost >= 30 and rx.playout.stats.fec_missed == 0
-    assert rx.buffer.fec_guard_ms == 0.0 and rx.buffer.stats.stretched_samples == 0
+    assert rx.playout.stats.lost >= 30 and rx.buffer.stats.stretched_samples <= 2 * 1920
     clean = median_wait(clean_waits, 3.0, CLEAN_S)
-    assert median_wait(waits, CLEAN_S + 2.0, CLEAN_S + JITTER_S) == pytest.approx(clean)
+    assert median_wait(waits, CLEAN_S + 2.0, CLEAN_S + JITTER_S) <= clean + 40.0 + 1e-6
