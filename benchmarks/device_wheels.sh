@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Wheels for the GPU device (Python 3.12, x86_64; it has torch, transformers and diffusers but not the media
-# stack), at exactly the versions of this checkout's .venv: a device run that carried newer ones (pyee 16,
-# av 19, cryptography 51 against 13 / 18 / 50 here) made sessions whose WebRTC never connected.
+# stack), at exactly the versions of this checkout's .venv. The device runs of 2026-12-08 carried newer ones
+# (pyee 16, av 19, cryptography 51 against 13 / 18 / 50 here) and no WebRTC session connected there; the cause
+# was not established, and the same versions as here rule that difference out.
 #   bash benchmarks/device_wheels.sh [DIR]      # default .whl (ignored by git); then carry it
 set -euo pipefail
 DIR=${1:-.whl}
