@@ -123,6 +123,9 @@ async def record_video(
             return
         assert isinstance(frame, VideoFrame)
         now = time.monotonic()
+        if out.size is not None and (frame.width, frame.height) != out.size:
+            # The server stepped the size down for a narrow link: compared at the call's own size.
+            frame = frame.reformat(width=out.size[0], height=out.size[1])
         if out.first_frame is None:
             out.first_frame = cast(npt.NDArray[np.uint8], frame.to_ndarray(format="rgb24"))
             out.size = (frame.width, frame.height)

@@ -11,6 +11,7 @@ It runs on DELETE, when the connection fails or closes, when it never comes up, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from lipcast.streaming.encoders import VIDEO_CODECS, H264Settings, Vp8Settings
 from lipcast.streaming.fanout import EncodedFanout, Subscription, route_keyframe_requests, scaled_bitrate_bps
 from lipcast.streaming.interop import answer_dtls_as_server
 from lipcast.streaming.offers import OfferSummary
+from lipcast.streaming.rtc import video_estimate_bps
 from lipcast.streaming.sizes import OutputSize
 from lipcast.streaming.wire import FrameMeta
 
@@ -182,6 +184,8 @@ class SessionViewers:
                 ]
             transceiver.setCodecPreferences(codecs)
             route_keyframe_requests(transceiver.sender, fanout.request_keyframe)
+            if kind == "video":
+                subscription.estimate_bps = functools.partial(video_estimate_bps, transceiver.sender)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as e:  # aiortc raises ValueError, OperationError, ... for what it cannot accept

@@ -154,11 +154,45 @@ def open_vp8(
     return codec
 
 
+# Below this many bits per pixel per frame a picture falls apart into blocks: it is sent at half the width
+# and height instead (each step halves both; back up once the rate allows 1.5 times the floor at the larger
+# size). 320x320 at MIN_BITRATE_BPS is 0.031, so the default avatar never steps down; 1280x720 does below
+# 460 kbps.
+MIN_BITS_PER_PIXEL_FRAME = 0.02
+STEP_UP_MARGIN = 1.5
+MIN_STEPPED_SIDE_PX = 160  # never smaller than this a side
+
+
+def bits_per_pixel_frame(bitrate_bps: int, width: int, height: int) -> float:
+    return bitrate_bps / (width * height * MAX_FRAME_RATE_HZ)
+
+
+def stepped_scale(width: int, height: int, bitrate_bps: int, scale: int) -> int:
+    """The divisor (1, 2, 4, ...) of a ``width`` x ``height`` picture at ``bitrate_bps``, from the current
+    ``scale``: down a step while the rate is below the floor, up a step while it allows STEP_UP_MARGIN times
+    the floor at the larger size."""
+    while (
+        min(width, height) // (scale * 2) >= MIN_STEPPED_SIDE_PX
+        and bits_per_pixel_frame(bitrate_bps, width // scale, height // scale) < MIN_BITS_PER_PIXEL_FRAME
+    ):
+        scale *= 2
+    while scale > 1:
+        larger = scale // 2
+        floor = MIN_BITS_PER_PIXEL_FRAME * STEP_UP_MARGIN
+        if bits_per_pixel_frame(bitrate_bps, width // larger, height // larger) < floor:
+            break
+        scale = larger
+    return scale
+
+
 class RateFollower:
     """The bitrate of a caller's encoder: the receiver's estimate (REMB) within the picture size's ceiling
-    (:func:`max_bitrate_bps`) and what the reported loss allows (GCC's loss-based controller)."""
+    (:func:`max_bitrate_bps`) and what the reported loss allows (GCC's loss-based controller); on a link too
+    narrow for the picture's size, the size steps down (:func:`stepped_scale`) before the picture falls apart.
+    """
 
     def _init_rate(self, start_bps: int) -> None:
+        self.scale = 1  # the picture is sent at 1 / scale of its width and height
         self._ceiling_bps = MAX_BITRATE_BPS  # raised on the first frame of a larger picture
         self._remb_bps = start_bps  # the receiver's estimate (REMB)
         self._loss_cap_bps = MAX_BITRATE_BPS * 100  # what the reported loss allows
@@ -169,6 +203,16 @@ class RateFollower:
             # Start a larger picture as high above the floor as the small one would be.
             self._remb_bps = round(self._remb_bps * ceiling / self._ceiling_bps)
             self._ceiling_bps = ceiling
+
+    def _stepped(self, frame: VideoFrame) -> VideoFrame:
+        """``frame`` at the size the rate allows (itself while that is its own)."""
+        self.scale = stepped_scale(frame.width, frame.height, self.target_bitrate, self.scale)
+        if self.scale == 1:
+            return frame
+        width, height = frame.width // self.scale & ~1, frame.height // self.scale & ~1
+        stepped = frame.reformat(width=width, height=height, format="yuv420p")
+        stepped.pts, stepped.time_base = frame.pts, frame.time_base
+        return stepped
 
     @property
     def target_bitrate(self) -> int:
@@ -209,6 +253,7 @@ class Vp8Encoder(RateFollower, vpx.Vp8Encoder):
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         self._follow_size(frame.width, frame.height)
+        frame = self._stepped(frame)
         codec: Any = self.codec
         if codec is not None and (
             frame.width != codec.width
@@ -259,6 +304,7 @@ class H264Encoder(RateFollower, h264.H264Encoder):
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         self._follow_size(frame.width, frame.height)
+        frame = self._stepped(frame)
         codec: Any = self.codec
         if codec is not None and (
             frame.width != codec.width

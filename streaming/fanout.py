@@ -14,9 +14,14 @@ What the shared encoder changes:
   arrives and asks for one; a viewer's PLI/FIR (aiortc calls ``RTCRtpSender._send_keyframe``) is routed to
   the shared encoder too (see :func:`route_keyframe_requests`). Forced keyframes are spaced at least
   ``KEYFRAME_MIN_INTERVAL_S`` apart so one lossy viewer cannot turn every frame into a keyframe for all.
-- **Bitrate.** aiortc steers each VP8 encoder by the receiver's REMB; a shared encoder cannot follow N
-  receivers, so it runs at one fixed target (``video_bitrate_bps``), chosen for LAN/localhost viewers such as
-  OBS. REMB messages still reach each viewer's pack-only encoder, where they change nothing.
+- **Bitrate: the slowest viewer.** aiortc steers each caller's encoder by its receiver's REMB; a shared
+  encoder serves every viewer of its (size, codec), so it follows the *lowest* estimate among them
+  (:func:`lipcast.streaming.rtc.video_estimate_bps`, re-read once a second, moved when it differs by more
+  than 10 %), within ``MIN_BITRATE_BPS`` and its configured target (``video_bitrate_bps``, chosen for
+  LAN/localhost viewers such as OBS). A viewer that sends no estimate (OBS's WHEP client does not) counts
+  as fast. One viewer on a narrow link thus lowers the picture of the others of its tier; splitting tiers by
+  estimate would cost one more encode per tier, and the viewers of a session are mostly one OBS or a few
+  browsers on one LAN.
 - **Slow viewers.** Each viewer has a bounded queue. Video that overflows is dropped up to the next keyframe
   (a partial GOP cannot be decoded); audio that overflows loses its oldest packets. Neither ever blocks the
   encoder or the other viewers.
@@ -46,7 +51,7 @@ from av.packet import Packet
 
 from lipcast.pipeline.timing import FPS, MEDIA_SAMPLE_RATE_HZ
 from lipcast.streaming.avatar_stream import AvatarStream
-from lipcast.streaming.encoders import H264Settings, Vp8Settings, open_h264, open_vp8
+from lipcast.streaming.encoders import MIN_BITRATE_BPS, H264Settings, Vp8Settings, open_h264, open_vp8
 from lipcast.streaming.sizes import OutputSize
 from lipcast.streaming.tasks import cancel_and_wait, session_log
 from lipcast.streaming.tracks import AvatarAudioTrack, AvatarVideoTrack
@@ -58,6 +63,7 @@ DEFAULT_VIDEO_BITRATE_BPS = 1_500_000  # aiortc's REMB ceiling: what the caller 
 OPUS_BITRATE_BPS = 96_000  # as aiortc's own Opus encoder
 OPUS_TIME_BASE = fractions.Fraction(1, MEDIA_SAMPLE_RATE_HZ)
 KEYFRAME_MIN_INTERVAL_S = 0.5
+RATE_CHECK_INTERVAL_S = 1.0  # how often the shared encoder looks at its viewers' estimates
 VIDEO_QUEUE_FRAMES = FPS  # 1 s
 AUDIO_QUEUE_PACKETS = 50  # 1 s of 20 ms packets
 
@@ -78,9 +84,25 @@ class Vp8PacketEncoder:
         self.bitrate_bps = bitrate_bps
         self.settings = settings or Vp8Settings()
         self.codec: Any = None  # av.VideoCodecContext, opened on the first frame (its size)
+        self._target_bps: int | None = None  # below bitrate_bps while a viewer's estimate is lower
 
     def _open(self, width: int, height: int) -> Any:
-        return open_vp8(width, height, self.bitrate_bps, self.settings)
+        return open_vp8(width, height, self.target_bps, self.settings)
+
+    @property
+    def target_bps(self) -> int:
+        """What the codec encodes at: the configured bitrate, or less while a viewer's link asks for less."""
+        return self._target_bps if self._target_bps is not None else self.bitrate_bps
+
+    def follow(self, lowest_estimate_bps: int | None) -> None:
+        """The lowest of the viewers' estimates (None: none sent one): the codec reopens (a keyframe) when
+        the target moves by more than 10 %."""
+        target = self.bitrate_bps
+        if lowest_estimate_bps is not None:
+            target = max(MIN_BITRATE_BPS, min(self.bitrate_bps, lowest_estimate_bps))
+        if abs(target - self.target_bps) > 0.1 * self.target_bps:
+            self._target_bps = target
+            self.codec = None  # reopened at the next frame
 
     def encode(self, frame: VideoFrame, keyframe: bool = False) -> tuple[Packet | None, bool]:
         """One frame in, (its packet or None if the encoder produced nothing, whether it is a keyframe)."""
@@ -116,7 +138,7 @@ class H264PacketEncoder(Vp8PacketEncoder):
         self.h264 = settings or H264Settings()
 
     def _open(self, width: int, height: int) -> Any:
-        return open_h264(width, height, self.bitrate_bps, self.h264)
+        return open_h264(width, height, self.target_bps, self.h264)
 
 
 class OpusPacketEncoder:
@@ -150,6 +172,7 @@ class FanoutStats:
     forced_keyframes: int = 0
     audio_packets: int = 0
     video_encode_ms: float = 0.0  # total
+    video_target_bps: int = 0  # what the shared video encoder aims at now (its viewers' lowest estimate)
 
 
 class PacketTrack(MediaStreamTrack):
@@ -213,6 +236,8 @@ class PacketTrack(MediaStreamTrack):
 class Subscription:
     video: PacketTrack
     audio: PacketTrack
+    # The viewer's receiver estimate for its video (bits per second; None: none yet), once its sender exists.
+    estimate_bps: Callable[[], int | None] | None = None
 
     def stop(self) -> None:
         self.video.stop()
@@ -265,6 +290,7 @@ class EncodedFanout:
         self._start_index: int | None = None
         self._keyframe_wanted = True
         self._last_forced_s = float("-inf")
+        self._rate_checked_s = float("-inf")
         self._monotonic = monotonic
         self._tasks: list[asyncio.Task[None]] = []
         self.exited = asyncio.Event()
@@ -331,6 +357,17 @@ class EncodedFanout:
             self._audio_source.start_at(self._start_index)
         return True
 
+    def _follow_viewers(self) -> None:
+        """Once a second: the shared encoder moves to the lowest estimate among its viewers."""
+        now = self._monotonic()
+        if now - self._rate_checked_s < RATE_CHECK_INTERVAL_S:
+            return
+        self._rate_checked_s = now
+        estimates = [s.estimate_bps() for s in self._subscriptions if s.estimate_bps is not None]
+        known = [e for e in estimates if e is not None]
+        self._video_encoder.follow(min(known) if known else None)
+        self.stats.video_target_bps = self._video_encoder.target_bps
+
     def _take_keyframe_request(self) -> bool:
         if not self._keyframe_wanted:
             return False
@@ -350,6 +387,7 @@ class EncodedFanout:
                 frame = await self._video_source.recv()
                 meta, self._meta = self._meta, None
                 force = self._take_keyframe_request()
+                self._follow_viewers()
                 started = time.perf_counter()
                 # Off the event loop, like aiortc's own encodes (a 320x320 VP8 frame: ~1-3 ms on one core).
                 packet, keyframe = await loop.run_in_executor(None, self._video_encoder.encode, frame, force)

@@ -302,14 +302,26 @@ def use_congestion_control() -> None:
 _audio_senders: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
 
 
+# The latest receiver estimate (REMB) for each video sender's stream, for senders without an encoder of their
+# own to steer (a viewer's: the session's shared encoder follows its viewers, lipcast.streaming.fanout).
+_video_estimates: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def video_estimate_bps(sender: Any) -> int | None:
+    """The receiver's latest estimate for ``sender``'s video, in bits per second (None: none came yet)."""
+    return _video_estimates.get(sender)
+
+
 def _follow_video_estimate(video_sender: Any, packet: Any) -> None:
-    """A REMB for ``video_sender``'s stream: the voice of the same call moves to what that link allows."""
+    """A REMB for ``video_sender``'s stream: kept for :func:`video_estimate_bps`, and the voice of the same
+    call moves to what that link allows."""
     try:
         bitrate_bps, ssrcs = unpack_remb_fci(packet.fci)
     except ValueError:
         return
     if video_sender._ssrc not in ssrcs:
         return
+    _video_estimates[video_sender] = bitrate_bps
     for sender in list(_audio_senders.get(video_sender.transport, ())):
         encoder = getattr(sender, "_RTCRtpSender__encoder", None)
         if isinstance(encoder, _TimedEncoder):

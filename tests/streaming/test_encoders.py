@@ -155,3 +155,24 @@ def test_frame_buffers_stay_in_the_heap_with_glibc() -> None:
     import platform
 
     assert keep_frame_buffers_in_heap() == (platform.libc_ver()[0] == "glibc")
+
+
+def test_the_size_steps_down_on_a_narrow_link_before_the_picture_falls_apart() -> None:
+    from lipcast.streaming.encoders import MIN_BITRATE_BPS, stepped_scale
+
+    assert stepped_scale(320, 320, MIN_BITRATE_BPS, 1) == 1  # the default avatar never steps down
+    assert stepped_scale(1280, 720, 300_000, 1) == 2  # 0.013 bits a pixel: 640x360
+    assert stepped_scale(1920, 1080, 150_000, 1) == 4  # 480x270
+    assert stepped_scale(1280, 720, 500_000, 2) == 2  # above the floor, not 1.5 x above it: stays
+    assert stepped_scale(1280, 720, 800_000, 2) == 1
+    assert stepped_scale(320, 320, 10_000, 1) == 2 and stepped_scale(320, 320, 1_000, 2) == 2  # >= 160 a side
+    image = np.zeros((720, 1280, 3), np.uint8)
+    encoder = Vp8Encoder()
+    encoder.encode(frame_of(image, 0, "yuv420p"))
+    assert (encoder.codec.width, encoder.codec.height) == (1280, 720)
+    encoder.target_bitrate = 300_000  # the receiver's estimate falls
+    payloads, _ = encoder.encode(frame_of(image, 1, "yuv420p"))
+    assert (encoder.codec.width, encoder.codec.height) == (640, 360) and payloads
+    encoder.target_bitrate = 2_000_000
+    encoder.encode(frame_of(image, 2, "yuv420p"))
+    assert (encoder.codec.width, encoder.codec.height) == (1280, 720) and encoder.scale == 1

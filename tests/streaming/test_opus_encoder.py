@@ -19,7 +19,7 @@ from lipcast.streaming.opus import (
     libopus_available,
     outbound_audio_bitrate,
 )
-from lipcast.streaming.rtc import use_congestion_control
+from lipcast.streaming.rtc import use_congestion_control, video_estimate_bps
 from lipcast.streaming.tracks import stereo_audio_frame
 
 pytestmark = pytest.mark.skipif(
@@ -89,6 +89,7 @@ async def test_a_remb_for_the_video_moves_the_voice_of_the_same_call() -> None:
     await video._handle_rtcp_packet(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=1, media_ssrc=0, fci=remb))
     assert encoders[0].target_bitrate == NARROW_LINK_AUDIO_BITRATE_BPS
     assert encoders[1].target_bitrate == DEFAULT_OUTBOUND_BITRATE_BPS  # another call's link
+    assert video_estimate_bps(video) == 250_000 and video_estimate_bps(audio) is None  # a viewer's, kept
     remb = pack_remb_fci(1_200_000, [video._ssrc])
     await video._handle_rtcp_packet(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=1, media_ssrc=0, fci=remb))
     assert encoders[0].target_bitrate == DEFAULT_OUTBOUND_BITRATE_BPS
