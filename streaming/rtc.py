@@ -35,7 +35,7 @@ from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, RtcpRrPacket, RtcpSrPacket, unpack_remb_fci
 
 from lipcast.streaming.encoders import H264Encoder, H264Settings, Vp8Encoder, Vp8Settings
-from lipcast.streaming.opus import OpusEncoder, libopus_available, outbound_audio_bitrate
+from lipcast.streaming.opus import AdaptiveOpusEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -232,12 +232,12 @@ def _sender_encoder(original: Callable[[Any], Any], codec: Any) -> Any:
         encoder = Vp8Encoder(_vp8_settings)
     elif mime == "video/h264" and _h264_settings is not None:
         encoder = H264Encoder(_h264_settings)
-    elif mime == "audio/opus" and libopus_available():
-        encoder = OpusEncoder(fec_loss_percent=_opus_fec_loss_percent)
     else:
         encoder = original(codec)
         if mime == "audio/opus" and _opus_fec_loss_percent is not None:
             _with_fec(encoder, _opus_fec_loss_percent)
+        if mime == "audio/opus":
+            encoder = AdaptiveOpusEncoder(encoder, fec_loss_percent=_opus_fec_loss_percent)
     if _timing_encoders:
         encoder = _TimedEncoder(encoder, "audio" if mime.startswith("audio/") else "video")
     return encoder
@@ -326,8 +326,8 @@ def _follow_video_estimate(video_sender: Any, packet: Any) -> None:
         encoder = getattr(sender, "_RTCRtpSender__encoder", None)
         if isinstance(encoder, _TimedEncoder):
             encoder = encoder._inner
-        if isinstance(encoder, OpusEncoder):
-            encoder.target_bitrate = outbound_audio_bitrate(encoder.target_bitrate, bitrate_bps)
+        if isinstance(encoder, AdaptiveOpusEncoder):
+            encoder.follow(bitrate_bps, time.monotonic())
 
 
 def use_opus_fec(loss_percent: int = 10) -> None:
