@@ -204,6 +204,21 @@ class RateFollower:
             self._remb_bps = round(self._remb_bps * ceiling / self._ceiling_bps)
             self._ceiling_bps = ceiling
 
+    def _prepared(self, frame: VideoFrame) -> VideoFrame:
+        """``frame`` as yuv420p at the size the rate allows; the size's bitrate ceiling followed."""
+        if frame.format.name != "yuv420p":
+            frame = frame.reformat(format="yuv420p")
+        self._follow_size(frame.width, frame.height)
+        return self._stepped(frame)
+
+    def _outdated(self, codec: Any, frame: VideoFrame) -> bool:
+        """The open codec no longer fits: another size, or a target more than 10 % from its bitrate."""
+        return bool(
+            frame.width != codec.width
+            or frame.height != codec.height
+            or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
+        )
+
     def _stepped(self, frame: VideoFrame) -> VideoFrame:
         """``frame`` at the size the rate allows (itself while that is its own)."""
         self.scale = stepped_scale(frame.width, frame.height, self.target_bitrate, self.scale)
@@ -250,15 +265,10 @@ class Vp8Encoder(RateFollower, vpx.Vp8Encoder):
 
     def encode(self, frame: Frame, force_keyframe: bool = False) -> tuple[list[bytes], int]:
         assert isinstance(frame, VideoFrame)
-        if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
-        self._follow_size(frame.width, frame.height)
-        frame = self._stepped(frame)
+        frame = self._prepared(frame)
         codec: Any = self.codec
         if codec is not None and (
-            frame.width != codec.width
-            or frame.height != codec.height
-            or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
+            self._outdated(codec, frame)
             # A keyframe asked for (PLI: the receiver lost one) on a lossy link from a codec with uncapped
             # keyframes: reopened capped, which makes that keyframe. An uncapped one on a narrow link
             # overruns its queue, is lost again and asked for again, and the picture never comes back. (Not
@@ -301,16 +311,9 @@ class H264Encoder(RateFollower, h264.H264Encoder):
         self._init_rate(vpx.DEFAULT_BITRATE)
 
     def _encode_frame(self, frame: VideoFrame, force_keyframe: bool) -> Iterator[bytes]:
-        if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
-        self._follow_size(frame.width, frame.height)
-        frame = self._stepped(frame)
+        frame = self._prepared(frame)
         codec: Any = self.codec
-        if codec is not None and (
-            frame.width != codec.width
-            or frame.height != codec.height
-            or abs(self.target_bitrate - codec.bit_rate) / codec.bit_rate > 0.1
-        ):
+        if codec is not None and self._outdated(codec, frame):
             codec = None
         if codec is None:
             codec = self.codec = open_h264(frame.width, frame.height, self.target_bitrate, self.settings)
