@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +28,17 @@ needs_netns = pytest.mark.skipif(
 def in_netns(netns: str, module: str, *args: str) -> list[str]:
     """The command that runs ``python -m module args`` (this interpreter) inside ``netns``."""
     return ["ip", "netns", "exec", netns, sys.executable, "-m", module, *args]
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def run_in_netns(netns: str, module: str, *args: str, timeout_s: float = 120) -> dict[str, Any]:
+    """Run ``python -m module args`` inside ``netns`` from the repository's root; it must succeed, and what
+    it printed (one JSON object) is returned."""
+    run = subprocess.run(
+        in_netns(netns, module, *args), cwd=REPOSITORY, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result: dict[str, Any] = json.loads(run.stdout)
+    return result

@@ -4,8 +4,6 @@ installs chromium and runs as root)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import wave
 from pathlib import Path
 
@@ -13,9 +11,8 @@ import numpy as np
 import pytest
 
 from tests.fakes import speech_pattern, to_int16
-from tests.system import CHROMIUM, in_netns, needs_chromium, needs_netns
+from tests.system import CHROMIUM, needs_chromium, needs_netns, run_in_netns
 
-ROOT = Path(__file__).resolve().parents[2]
 PATTERN = [
     ("silence", 2.0),
     ("speech", 1.2),
@@ -55,24 +52,16 @@ def movement_episodes(moving: np.ndarray, times_ms: np.ndarray, min_gap_ms: floa
 def test_browser_call_decodes_frames_and_the_mouth_follows_speech(netns: str, tmp_path: Path) -> None:
     wav = tmp_path / "speech.wav"
     write_wav(wav)
-    run = subprocess.run(
-        in_netns(
-            netns,
-            "tests.browser.drive_call",
-            "--wav",
-            str(wav),
-            "--seconds",
-            "13",
-            "--chromium",
-            str(CHROMIUM),
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_in_netns(
+        netns,
+        "tests.browser.drive_call",
+        "--wav",
+        str(wav),
+        "--seconds",
+        "13",
+        "--chromium",
+        str(CHROMIUM),
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout)
     polls = [p for p in result["polls"] if p and p.get("mouth")]
     # From the first frame painted on: a busy machine may report the video's size a poll before the page
     # has a frame to draw (all black).

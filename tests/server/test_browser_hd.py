@@ -4,8 +4,6 @@ with the speech. Skipped where chromium or network namespaces are missing, as te
 
 from __future__ import annotations
 
-import json
-import subprocess
 import wave
 from pathlib import Path
 
@@ -13,9 +11,8 @@ import numpy as np
 import pytest
 
 from tests.fakes import speech_pattern, to_int16
-from tests.system import CHROMIUM, in_netns, needs_chromium, needs_netns
+from tests.system import CHROMIUM, needs_chromium, needs_netns, run_in_netns
 
-ROOT = Path(__file__).resolve().parents[2]
 PATTERN = [("silence", 2.0), ("speech", 2.0), ("silence", 1.5), ("speech", 1.5), ("silence", 2.0)]
 SECONDS = 9
 
@@ -36,15 +33,7 @@ def test_a_720p_call_decodes_1280x720_at_24_fps(netns: str, tmp_path: Path, code
     write_wav(wav)
     args = ["--wav", str(wav), "--seconds", str(SECONDS), "--chromium", str(CHROMIUM)]
     args += ["--size", "1280x720", "--codec", codec, "--avatar", "astronaut-720p"]
-    run = subprocess.run(
-        in_netns(netns, "tests.browser.drive_call", *args),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout)
+    result = run_in_netns(netns, "tests.browser.drive_call", *args)
     assert result["final_state"] == "connected"
     polls = [p for p in result["polls"] if p and p.get("stats") and p["stats"].get("framesDecoded")]
     assert len(polls) > 30, "the video never played"

@@ -3,17 +3,13 @@ loopback-only network namespace (like tests/server/test_browser.py; CI installs 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
-from tests.system import CHROMIUM, in_netns, needs_chromium, needs_netns
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.system import CHROMIUM, needs_chromium, needs_netns, run_in_netns
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,17 +20,22 @@ pytestmark = [
 
 def test_viewer_page_plays_the_session_with_sound_on_a_green_background(netns: str, tmp_path: Path) -> None:
     shot = tmp_path / "viewer.png"
-    run = subprocess.run(
-        in_netns(netns, "tests.browser.drive_viewer")
-        + ["--seconds", "5", "--chromium", str(CHROMIUM), "--screenshot", str(shot), "--width", "640"]
-        + ["--height", "360", "--bg", "00ff00"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_in_netns(
+        netns,
+        "tests.browser.drive_viewer",
+        "--seconds",
+        "5",
+        "--chromium",
+        str(CHROMIUM),
+        "--screenshot",
+        str(shot),
+        "--width",
+        "640",
+        "--height",
+        "360",
+        "--bg",
+        "00ff00",
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout)
     polls = [p for p in result["polls"] if p["state"] != "loading"]
     last = polls[-1]
     assert last["state"] == "playing", [p["state"] for p in polls]
